@@ -1,0 +1,40 @@
+# diffq: `make demo` runs the whole path on this machine's CPU; `make test` runs the suite.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
+TORCH  ?= torch==2.13.0
+
+.PHONY: install demo test lint format clean
+
+install: $(VENV)/.installed
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "installing python3-venv from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	@touch $@
+
+demo: install
+	@bash examples/demo.sh
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache *.egg-info

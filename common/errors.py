@@ -1,0 +1,47 @@
+"""The project's exceptions, with messages written for the person who reads them.
+
+The CLIs turn a :class:`DiffqError` into one line and an exit code; anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class DiffqError(Exception):
+    """Base of every error a user can cause and fix; ``str(err)`` is the whole message."""
+
+    exit_code = 1
+
+
+class ConfigError(DiffqError):
+    """A flag, environment variable or connection setting is wrong."""
+
+    exit_code = 2
+
+
+class InvalidJobSpec(DiffqError):
+    """A job or a row does not describe something we can generate."""
+
+    exit_code = 2
+
+
+class InputFileError(DiffqError):
+    """A prompts file cannot be read or has bad rows; nothing was enqueued."""
+
+    exit_code = 2
+
+
+class PermanentJobError(DiffqError):
+    """A job that can never succeed as written: retrying it would only waste a GPU."""
+
+
+class ModelLoadError(PermanentJobError):
+    """The model named by a job cannot be loaded."""
+
+
+class AdapterNotFound(PermanentJobError):
+    """The adapter named by a job does not exist or cannot be read."""
+
+
+class OutputNotWritable(PermanentJobError):
+    """The job's output folder cannot be created or written."""

@@ -1,0 +1,111 @@
+"""Settings: one typed object built once from command-line flags and the environment.
+
+This is the only module that reads ``os.environ`` (the GPU pinning in ``worker/launch.py``
+*writes* it for child processes, before they import torch). Every name below works the
+same inside and outside containers; ``.env.example`` lists them with their defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from common.errors import ConfigError
+from common.presets import DEFAULT_MODEL
+
+#: environment variable for each setting
+ENV_NAMES: dict[str, str] = {
+    "redis_url": "REDIS_URL",
+    "queue": "DIFFQ_QUEUE",
+    "output": "DIFFQ_OUTPUT",
+    "model": "DIFFQ_MODEL",
+    "cache_dir": "DIFFQ_CACHE",
+    "device": "DIFFQ_DEVICE",
+    "dtype": "DIFFQ_DTYPE",
+    "gpu_label": "DIFFQ_GPU",
+    "chunk_size": "DIFFQ_CHUNK_SIZE",
+    "job_timeout": "DIFFQ_JOB_TIMEOUT",
+    "max_retries": "DIFFQ_MAX_RETRIES",
+    "log_level": "DIFFQ_LOG_LEVEL",
+}
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = "redis://localhost:6379/0"
+    queue: str = "diffq"
+    output: str = "out"
+    model: str = DEFAULT_MODEL
+    cache_dir: str = str(Path.home() / ".cache" / "diffq")
+    device: str = "auto"
+    dtype: str = "auto"
+    gpu_label: str = ""
+    chunk_size: int = 4
+    job_timeout: int = 3600
+    max_retries: int = 3
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, **flags: Any) -> Settings:
+        """Defaults, overridden by the environment, overridden by flags that were given (not None)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = os.environ.get(ENV_NAMES[f.name])
+            if raw not in (None, ""):
+                values[f.name] = _convert(f.name, raw, f.type, source=ENV_NAMES[f.name])
+        for name, value in flags.items():
+            if name not in ENV_NAMES:
+                raise TypeError(f"unknown setting {name}")
+            if value is not None:
+                values[name] = value
+        if not values.get("gpu_label"):
+            values["gpu_label"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") or "-"
+        return cls(**values).validate()
+
+    def validate(self) -> Settings:
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device {self.device!r}: use one of {', '.join(DEVICES)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.chunk_size < 1 or self.chunk_size > 256:
+            raise ConfigError(f"--chunk-size {self.chunk_size}: use 1..256")
+        if self.job_timeout < 10:
+            raise ConfigError(f"--job-timeout {self.job_timeout}: use at least 10 seconds")
+        if not self.queue or ":" in self.queue or len(self.queue) > 100:
+            raise ConfigError(f"--queue {self.queue!r}: use a short name without ':'")
+        scheme = urlsplit(self.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                f"--redis-url {redact(self.redis_url)!r}: use redis://[user:password@]host:port/db or rediss://"
+            )
+        return self
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes).validate()
+
+
+def _convert(name: str, raw: str, annotation: Any, *, source: str) -> Any:
+    if annotation in (int, "int"):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{source}={raw!r}: {name} must be a whole number") from None
+    return raw
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``, for logs and status output."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))

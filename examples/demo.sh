@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The main path end to end on this machine: a throwaway Redis on a free port, the example
+# prompts enqueued for the `tiny` model, one worker draining the queue, then a summary.
+# Leaves no process behind (the trap stops Redis and any worker, whatever happens).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+OUT=${OUT:-$PWD/out/demo}
+started=$(date +%s)
+
+workdir=$(mktemp -d)
+port=$("$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --dir "$workdir" --save "" --appendonly no \
+  --daemonize yes --pidfile "$workdir/redis.pid" --logfile "$workdir/redis.log"
+cleanup() {
+  [ -n "${worker_pid:-}" ] && kill "$worker_pid" 2>/dev/null || true
+  [ -f "$workdir/redis.pid" ] && kill "$(cat "$workdir/redis.pid")" 2>/dev/null || true
+  sleep 0.2; rm -rf "$workdir"
+}
+trap cleanup EXIT
+export REDIS_URL="redis://127.0.0.1:$port/0" DIFFQ_QUEUE=demo
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+echo "== Redis on port $port (throwaway)"
+
+rm -rf "$OUT"
+echo "== producer enqueue examples/prompts.csv"
+"$BIN/producer" enqueue examples/prompts.csv --model tiny --width 128 --height 128 --steps 8 --output "$OUT"
+
+echo "== worker run --burst (tiny model on the CPU; the first run writes it to the cache)"
+"$BIN/worker" run --burst --device cpu &
+worker_pid=$!
+"$BIN/producer" wait --timeout 170
+wait "$worker_pid"; worker_pid=
+
+echo "== producer status"
+"$BIN/producer" status
+images=$(find "$OUT/images" -name '*.png' | wc -l)
+echo "== $images images in $OUT/images, one line each in $OUT/metadata.jsonl ($(($(date +%s) - started))s)"

@@ -1,0 +1,1 @@
+"""The producer CLI: prompts files in, chunk jobs onto a Redis queue."""

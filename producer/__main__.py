@@ -1,0 +1,3 @@
+from producer.cli import main
+
+main()

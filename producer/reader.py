@@ -1,0 +1,256 @@
+"""Reading prompts files (CSV with a header row, or JSONL) into validated rows, streaming.
+
+Every problem is reported as ``FILE:LINE: reason`` so the user can jump to it; a problem
+with the file as a whole (missing, empty, no ``prompt`` column, unknown columns) raises
+:class:`InputFileError` at once. Nothing here touches Redis.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import InputFileError, InvalidJobSpec
+from common.jobspec import GenParams, PromptItem
+from common.naming import derived_seed
+
+COLUMNS = (
+    "prompt",
+    "negative_prompt",
+    "seed",
+    "width",
+    "height",
+    "steps",
+    "guidance",
+    "num_images",
+    "adapter",
+    "adapter_scale",
+    "id",
+)
+INT_COLUMNS = {"seed", "width", "height", "steps", "num_images"}
+FLOAT_COLUMNS = {"guidance", "adapter_scale"}
+TEXT_COLUMNS = {"prompt", "negative_prompt", "adapter", "id"}
+FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+MAX_FIELD_CHARS = 200_000  # the csv module's own limit is 128 KiB; our prompt limit is far lower
+
+csv.field_size_limit(max(MAX_FIELD_CHARS, 131072))
+
+
+@dataclass(frozen=True)
+class RowDefaults:
+    """What the command-line flags give to rows that leave a column empty."""
+
+    model: str
+    width: int = 1024
+    height: int = 1024
+    steps: int = 30
+    guidance: float = 5.0
+    num_images: int = 1
+    seed: int | None = None
+    adapter: str | None = None
+    adapter_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Row:
+    line: int
+    params: GenParams
+    item: PromptItem
+
+
+@dataclass(frozen=True)
+class RowError:
+    line: int
+    message: str
+
+
+def file_format(path: Path) -> str:
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InputFileError(f"{path}: unknown file type {path.suffix!r}; use .csv (with a header row) or .jsonl")
+    return fmt
+
+
+def read_rows(path: Path, defaults: RowDefaults) -> Iterator[Row | RowError]:
+    """Yield each data row of ``path`` as a validated :class:`Row` or a :class:`RowError`."""
+    fmt = file_format(path)
+    raw_rows = _iter_csv(path) if fmt == "csv" else _iter_jsonl(path)
+    for line, raw in raw_rows:
+        if isinstance(raw, str):
+            yield RowError(line, raw)
+            continue
+        try:
+            yield parse_row(line, raw, defaults)
+        except InvalidJobSpec as exc:
+            yield RowError(line, str(exc))
+
+
+def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
+    """Turn one row's raw values (strings from CSV, JSON values from JSONL) into a :class:`Row`."""
+    values = {name: _coerce(name, value) for name, value in raw.items()}
+    values = {name: value for name, value in values.items() if value is not None}
+    if "prompt" not in values:
+        raise InvalidJobSpec("prompt is empty")
+    adapter = values.get("adapter", defaults.adapter)
+    params = _params(
+        defaults.model,
+        values.get("width", defaults.width),
+        values.get("height", defaults.height),
+        values.get("steps", defaults.steps),
+        float(values.get("guidance", defaults.guidance)),
+        adapter,
+        float(values.get("adapter_scale", defaults.adapter_scale)) if adapter else 1.0,
+    )
+    prompt = values["prompt"]
+    negative = values.get("negative_prompt", "")
+    row_id = values.get("id")
+    seed = values.get("seed", defaults.seed)
+    if seed is None and isinstance(prompt, str) and isinstance(negative, str):
+        seed = derived_seed(prompt, negative, row_id)
+    item = PromptItem(
+        prompt=prompt,
+        negative_prompt=negative,
+        seed=seed,
+        num_images=values.get("num_images", defaults.num_images),
+        id=row_id,
+    ).validate()
+    return Row(line=line, params=params, item=item)
+
+
+@functools.lru_cache(maxsize=4096)
+def _params(*values: Any) -> GenParams:
+    """Rows of a file mostly share their settings: build and validate each combination once."""
+    return GenParams(*values).validate()
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Empty cells and JSON nulls mean "use the default"; strings from CSV become numbers."""
+    if value is None or (isinstance(value, str) and value.strip() == "" and name != "prompt"):
+        return None
+    if isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value):
+        raise InvalidJobSpec(f"{name} is not valid UTF-8")
+    if name in TEXT_COLUMNS:
+        if not isinstance(value, str):
+            raise InvalidJobSpec(f"{name} must be text, not {type(value).__name__}")
+        return value
+    if isinstance(value, bool):
+        raise InvalidJobSpec(f"{name} must be a number, not {str(value).lower()}")
+    if name in INT_COLUMNS:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise InvalidJobSpec(f"{name} {value!r} is not a whole number")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise InvalidJobSpec(f"{name} {value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise InvalidJobSpec(f"{name} must be a finite number, not {value.strip()}")
+        return number
+    raise InvalidJobSpec(f"{name} must be a number, not {type(value).__name__}")
+
+
+def _check_columns(path: Path, columns: list[str]) -> None:
+    unknown = [c for c in columns if c not in COLUMNS]
+    if "prompt" not in columns:
+        hint = f" (found {', '.join(map(repr, unknown))})" if unknown else ""
+        raise InputFileError(f"{path}: no 'prompt' column{hint}; the header row must name one")
+    if unknown:
+        raise InputFileError(
+            f"{path}: unknown column(s) {', '.join(map(repr, unknown))}; known columns: {', '.join(COLUMNS)}"
+        )
+
+
+def _open_text(path: Path):
+    try:
+        # surrogateescape: a broken UTF-8 byte becomes a marker we report with its line number
+        return path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="")
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path}: is a folder, not a prompts file") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
+    with _open_text(path) as handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader, None)
+        except csv.Error as exc:
+            raise InputFileError(f"{path}:1: cannot parse the header row ({exc})") from None
+        if header is None or not any(h.strip() for h in header):
+            raise InputFileError(f"{path}: empty file; expected a header row with a 'prompt' column")
+        columns = [h.strip() for h in header]
+        _check_columns(path, columns)
+        if len(set(columns)) != len(columns):
+            raise InputFileError(f"{path}:1: a column is named twice in the header row")
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                yield reader.line_num, f"cannot parse the row ({exc})"
+                continue
+            if not cells or all(c.strip() == "" for c in cells):
+                continue
+            if len(cells) != len(columns):
+                yield reader.line_num, f"row has {len(cells)} fields but the header has {len(columns)}"
+                continue
+            if any("\x00" in c for c in cells):
+                yield reader.line_num, "row contains a NUL byte"
+                continue
+            yield reader.line_num, dict(zip(columns, cells, strict=True))
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
+    with _open_text(path) as handle:
+        seen_any = False
+        for line_no, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            seen_any = True
+            if any("\udc80" <= ch <= "\udcff" for ch in text):
+                yield line_no, "line is not valid UTF-8"
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield line_no, f"not valid JSON ({exc.msg})"
+                continue
+            if not isinstance(value, dict):
+                yield line_no, f"expected a JSON object, got {type(value).__name__}"
+                continue
+            unknown = [k for k in value if k not in COLUMNS]
+            if unknown:
+                yield line_no, f"unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(COLUMNS)}"
+                continue
+            yield line_no, value
+        if not seen_any:
+            raise InputFileError(f"{path}: empty file; expected one JSON object per line")
+
+
+def count_lines(path: Path) -> int:
+    """Physical lines in the file (for a progress bar's total), read in binary chunks."""
+    count = 0
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            count += block.count(b"\n")
+    return count

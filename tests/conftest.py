@@ -1,0 +1,134 @@
+"""Fixtures: a real redis-server per test session, the tiny model built once, and helpers to
+run the real CLIs (in-process for the producer, as subprocesses for workers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+    extra: tuple[str, ...] = ()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail(
+                "redis-server not found on PATH: install it (apt-get install redis-server) — tests never skip this"
+            )
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", ""]
+        self.proc = subprocess.Popen([*args, *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis(port=self.port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        pytest.fail(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"), extra=("--appendonly", "no"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    redis.Redis.from_url(redis_server.url).flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def conn(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and tiny-dora adapter, written once for the session by the real code."""
+    from worker.models import ensure_tiny, ensure_tiny_dora
+
+    path = tmp_path_factory.mktemp("cache")
+    ensure_tiny(path)
+    ensure_tiny_dora(path)
+    return path
+
+
+@pytest.fixture
+def env(redis_url: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment for CLIs: this test's Redis, the shared tiny cache, quiet and unbuffered."""
+    values = {"REDIS_URL": redis_url, "DIFFQ_CACHE": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    for name in ("DIFFQ_QUEUE", "DIFFQ_OUTPUT", "DIFFQ_MODEL", "DIFFQ_CHUNK_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return {**os.environ, **values}
+
+
+def producer(*args: str) -> Result:
+    """Run the producer CLI in-process (fast) with the current environment."""
+    from producer.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+TINY_FLAGS = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "3")
+
+
+def worker_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "worker", *args]
+
+
+def run_worker(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run ``worker run --burst`` as a real process until the queue is empty."""
+    return subprocess.run(
+        worker_cmd("run", "--burst", "--device", "cpu", *args),
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_csv(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path

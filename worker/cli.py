@@ -1,0 +1,130 @@
+"""The ``worker`` command: run one worker here, launch one per GPU, or prepare the tiny model."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from common.errors import DiffqError
+from common.queues import connect, get_queue
+from common.settings import Settings, redact
+
+
+def _fail(exc: DiffqError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def _log_format(label: str) -> str:
+    return f"%(asctime)s gpu={label} %(levelname)s %(message)s"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def main() -> None:
+    """Run diffq workers: warm diffusion pipelines that drain a Redis queue."""
+
+
+def run_options(func: Any) -> Any:
+    options = [
+        click.option("--queue", help="Queue to serve [env DIFFQ_QUEUE; default diffq]."),
+        click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL]."),
+        click.option("--dtype", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16 [DIFFQ_DTYPE]."),
+        click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq]."),
+        click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
+        click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
+        click.option("--max-jobs", type=int, help="Exit after this many jobs."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@main.command()
+@run_options
+@click.option("--device", help="auto, cpu or cuda [env DIFFQ_DEVICE; default auto].")
+@click.option("--name", help="Worker name shown in rq-dashboard [default diffq-gpu<N>-<host>-<pid>].")
+def run(**opts: Any) -> None:
+    """Run one worker in this process (no fork per job; the pipeline stays warm)."""
+    try:
+        settings = Settings.load(
+            queue=opts["queue"],
+            redis_url=opts["redis_url"],
+            device=opts["device"],
+            dtype=opts["dtype"],
+            cache_dir=opts["cache_dir"],
+        )
+        _run(settings, opts)
+    except DiffqError as exc:
+        _fail(exc)
+
+
+def _run(settings: Settings, opts: dict[str, Any]) -> None:
+    # torch and diffusers are imported here, after the launcher has set CUDA_VISIBLE_DEVICES
+    from worker import runtime
+    from worker.pipelines import PipelineCache
+    from worker.rqworker import DiffqWorker, worker_name
+
+    pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype)
+    if settings.gpu_label == "-":
+        settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
+    logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
+    log = logging.getLogger("diffq.worker")
+    conn = connect(settings.redis_url)
+    name = opts["name"] or worker_name(settings.gpu_label)
+    worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name)
+    runtime.install(runtime.Runtime(settings, pipelines, keepalive=worker.keepalive, worker_name=name))
+    log.info(
+        "worker %s serving queue %r at %s on %s (%s)",
+        name,
+        settings.queue,
+        redact(settings.redis_url),
+        pipelines.device,
+        str(pipelines.dtype).removeprefix("torch."),
+    )
+    if opts["preload"]:
+        pipelines.get(opts["preload"])
+    worker.work(
+        burst=opts["burst"],
+        max_jobs=opts["max_jobs"],
+        logging_level=settings.log_level,
+        log_format=_log_format(settings.gpu_label),
+        with_scheduler=True,
+    )
+
+
+@main.command()
+@click.option("--gpus", default="all", show_default=True, help="GPU indices (0,1,2,3), all, or cpu,cpu for CPU.")
+@run_options
+def launch(gpus: str, **opts: Any) -> None:
+    """Start one pinned `worker run` per GPU, prefix their logs, restart crashed ones.
+
+    Ctrl-C / SIGTERM: every worker finishes its current job and exits; a second one stops now.
+    """
+    from worker.launch import Launcher, parse_gpus
+
+    try:
+        slots = parse_gpus(gpus)
+        Settings.load(queue=opts["queue"], redis_url=opts["redis_url"], dtype=opts["dtype"])
+    except DiffqError as exc:
+        _fail(exc)
+    run_args: list[str] = []
+    for name in ("queue", "redis_url", "dtype", "cache_dir", "preload", "max_jobs"):
+        if opts[name] is not None:
+            run_args += [f"--{name.replace('_', '-')}", str(opts[name])]
+    if opts["burst"]:
+        run_args.append("--burst")
+    sys.exit(Launcher(slots, run_args, burst=opts["burst"]).run())
+
+
+@main.command("prepare-tiny")
+@click.option("--cache-dir", help="Cache folder [env DIFFQ_CACHE; ~/.cache/diffq].")
+def prepare_tiny(cache_dir: str | None) -> None:
+    """Write the tiny model and the tiny-dora adapter to the cache (done on first use anyway)."""
+    from worker.models import ensure_tiny, ensure_tiny_dora
+
+    settings = Settings.load(cache_dir=cache_dir)
+    click.echo(f"tiny model:   {ensure_tiny(settings.cache_dir)}")
+    click.echo(f"tiny-dora:    {ensure_tiny_dora(settings.cache_dir)}")

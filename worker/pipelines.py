@@ -1,0 +1,164 @@
+"""The worker's warm pipelines: loaded once per (model, dtype, device), adapters loaded once
+per name and switched with ``set_adapters`` rather than reloaded.
+
+This cache is the one piece of global mutable state in the worker, on purpose: loading SDXL
+takes tens of seconds, a job takes a few, so every job after the first must find it warm.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers.utils import logging as diffusers_logging
+from transformers.utils import logging as transformers_logging
+
+from common.errors import AdapterNotFound, ModelLoadError
+from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
+from worker import models
+
+log = logging.getLogger("diffq.worker")
+
+# Library progress bars and advice are noise in a worker's log: our own lines say what happens.
+transformers_logging.set_verbosity_error()
+transformers_logging.disable_progress_bar()
+diffusers_logging.set_verbosity_error()
+diffusers_logging.disable_progress_bar()
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was asked for but torch sees no CUDA GPU on this worker")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+@dataclass
+class LoadedPipeline:
+    pipe: Any
+    model: str
+    load_seconds: float
+    adapters: dict[str, str] = field(default_factory=dict)  # adapter spec -> adapter name in peft
+    active: str | None = None
+
+
+class PipelineCache:
+    """Warm pipelines for one device. Keeps ``max_models`` models (default 1: an SDXL UNet
+    in fp16 is 5 GB, and a GPU serving one queue rarely needs two)."""
+
+    def __init__(self, cache_dir: str, device: str = "auto", dtype: str = "auto", max_models: int = 1) -> None:
+        self.cache_dir = cache_dir
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.max_models = max_models
+        self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
+        self.loads = 0
+
+    def get(self, model: str) -> tuple[LoadedPipeline, float]:
+        """The warm pipeline for ``model`` and the seconds this call spent loading it (0 when warm)."""
+        key = (model, self.dtype, str(self.device))
+        if key in self._loaded:
+            return self._loaded[key], 0.0
+        while len(self._loaded) >= self.max_models:
+            self._evict()
+        started = time.perf_counter()
+        log.info("loading model %s (%s on %s)", model, str(self.dtype).removeprefix("torch."), self.device)
+        pipe = self._load(model)
+        pipe.set_progress_bar_config(disable=True)
+        seconds = time.perf_counter() - started
+        self.loads += 1
+        log.info("model %s ready in %.1fs", model, seconds)
+        loaded = LoadedPipeline(pipe=pipe, model=model, load_seconds=seconds)
+        self._loaded[key] = loaded
+        return loaded, seconds
+
+    def _evict(self) -> None:
+        key = next(iter(self._loaded))
+        log.info("unloading model %s to make room", key[0])
+        del self._loaded[key]
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _load(self, model: str) -> Any:
+        from diffusers import StableDiffusionXLPipeline
+
+        if model == "sdxl-random":
+            return models.sdxl_random(self.device, self.dtype)
+        source: str | Path = model
+        if model == "tiny":
+            source = models.ensure_tiny(self.cache_dir)
+        kwargs: dict[str, Any] = {"dtype": self.dtype}
+        try:
+            if self.dtype == torch.float16 and not Path(source).exists():
+                try:
+                    pipe = StableDiffusionXLPipeline.from_pretrained(source, variant="fp16", **kwargs)
+                except (OSError, ValueError):
+                    pipe = StableDiffusionXLPipeline.from_pretrained(source, **kwargs)
+            else:
+                pipe = StableDiffusionXLPipeline.from_pretrained(source, **kwargs)
+        except Exception as exc:  # diffusers raises OSError, ValueError, HF hub errors...
+            presets = ", ".join(MODEL_PRESETS)
+            raise ModelLoadError(
+                f"model {model!r} cannot be loaded: {_first_line(exc)} "
+                f"(use a hub id, a local diffusers folder, or a preset: {presets})"
+            ) from exc
+        return pipe.to(self.device)
+
+    def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
+        """Make ``adapter`` (or none) active at ``scale``; load it the first time it is named."""
+        pipe = loaded.pipe
+        if adapter is None:
+            if loaded.active is not None:
+                pipe.disable_lora()
+                loaded.active = None
+            return
+        name = loaded.adapters.get(adapter)
+        if name is None:
+            name = self._load_adapter(loaded, adapter)
+        if loaded.active is None:
+            pipe.enable_lora()
+        pipe.set_adapters([name], adapter_weights=[scale])
+        loaded.active = name
+
+    def _load_adapter(self, loaded: LoadedPipeline, adapter: str) -> str:
+        path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
+        if not path.exists():
+            presets = ", ".join(ADAPTER_PRESETS)
+            raise AdapterNotFound(
+                f"adapter {adapter!r} not found on this worker: give a folder or .safetensors file "
+                f"that every worker can read, or a preset ({presets})"
+            )
+        name = "a" + hashlib.sha1(adapter.encode()).hexdigest()[:12]
+        kwargs: dict[str, Any] = {"adapter_name": name}
+        source: Path = path
+        if path.is_file():
+            source, kwargs["weight_name"] = path.parent, path.name
+        started = time.perf_counter()
+        try:
+            loaded.pipe.load_lora_weights(str(source), **kwargs)
+        except Exception as exc:
+            raise AdapterNotFound(f"adapter {adapter!r} cannot be loaded: {_first_line(exc)}") from exc
+        log.info("adapter %s loaded as %s in %.2fs", adapter, name, time.perf_counter() - started)
+        loaded.adapters[adapter] = name
+        return name
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
