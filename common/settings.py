@@ -25,6 +25,7 @@ ENV_NAMES: dict[str, str] = {
     "cache_dir": "DIFFQ_CACHE",
     "device": "DIFFQ_DEVICE",
     "dtype": "DIFFQ_DTYPE",
+    "speedups": "DIFFQ_SPEEDUPS",
     "gpu_label": "DIFFQ_GPU",
     "chunk_size": "DIFFQ_CHUNK_SIZE",
     "job_timeout": "DIFFQ_JOB_TIMEOUT",
@@ -45,6 +46,7 @@ class Settings:
     cache_dir: str = str(Path.home() / ".cache" / "diffq")
     device: str = "auto"
     dtype: str = "auto"
+    speedups: str = "auto"
     gpu_label: str = ""
     chunk_size: int = 4
     job_timeout: int = 3600

@@ -100,11 +100,10 @@ def enqueue(file: Path, **opts: Any) -> None:
         adapter=opts["adapter"],
         adapter_scale=opts["adapter_scale"],
     )
-    file_format(file)
     conn = None if opts["dry_run"] else connect(settings.redis_url)
 
-    total_lines = count_lines(file) if file.is_file() else None
-    check = Progress("checking", total_lines, "rows")
+    total_rows = count_lines(file) - (file_format(file) == "csv") if file.is_file() else None
+    check = Progress("checking", total_rows, "rows")
     rows = check_file(file, defaults, on_row=check.advance)
     if opts["dry_run"]:
         chunks = -(-rows // settings.chunk_size)

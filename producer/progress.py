@@ -26,7 +26,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.done = 0
         self.started = time.monotonic()
-        self._last_draw = 0.0
+        self._last_draw = self.started  # short operations print only their closing line
         self._tty = self.stream.isatty()
         self._interval = 0.2 if self._tty else 5.0
 

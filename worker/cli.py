@@ -33,6 +33,10 @@ def run_options(func: Any) -> Any:
         click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL]."),
         click.option("--dtype", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16 [DIFFQ_DTYPE]."),
         click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq]."),
+        click.option(
+            "--speedups",
+            help="auto, none, or a list of vae-fp16, channels-last, fuse-qkv, compile-blocks [DIFFQ_SPEEDUPS].",
+        ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
         click.option("--max-jobs", type=int, help="Exit after this many jobs."),
@@ -55,6 +59,7 @@ def run(**opts: Any) -> None:
             device=opts["device"],
             dtype=opts["dtype"],
             cache_dir=opts["cache_dir"],
+            speedups=opts["speedups"],
         )
         _run(settings, opts)
     except DiffqError as exc:
@@ -67,7 +72,7 @@ def _run(settings: Settings, opts: dict[str, Any]) -> None:
     from worker.pipelines import PipelineCache
     from worker.rqworker import DiffqWorker, worker_name
 
-    pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype)
+    pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
     logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
@@ -77,12 +82,13 @@ def _run(settings: Settings, opts: dict[str, Any]) -> None:
     worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name)
     runtime.install(runtime.Runtime(settings, pipelines, keepalive=worker.keepalive, worker_name=name))
     log.info(
-        "worker %s serving queue %r at %s on %s (%s)",
+        "worker %s serving queue %r at %s on %s (%s, speedups %s)",
         name,
         settings.queue,
         redact(settings.redis_url),
         pipelines.device,
         str(pipelines.dtype).removeprefix("torch."),
+        pipelines.speedups.describe(),
     )
     if opts["preload"]:
         pipelines.get(opts["preload"])
@@ -111,7 +117,7 @@ def launch(gpus: str, **opts: Any) -> None:
     except DiffqError as exc:
         _fail(exc)
     run_args: list[str] = []
-    for name in ("queue", "redis_url", "dtype", "cache_dir", "preload", "max_jobs"):
+    for name in ("queue", "redis_url", "dtype", "cache_dir", "speedups", "preload", "max_jobs"):
         if opts[name] is not None:
             run_args += [f"--{name.replace('_', '-')}", str(opts[name])]
     if opts["burst"]:

@@ -7,6 +7,7 @@ GPU it ran on) and a retried or split batch reproduces it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ import torch
 from PIL import Image
 
 from common.jobspec import GenParams
+
+log = logging.getLogger("diffq.worker")
 
 
 @dataclass
@@ -56,20 +59,14 @@ def run_batch(
     _sync(device)
     encoded = time.perf_counter()
 
-    # 2. Denoise, reporting each step; remember when the last one ended
-    last_step = [encoded]
-
+    # 2. Denoise to latents, reporting each step
     def callback(_pipe: Any, step: int, _timestep: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if step + 1 == params.steps:
-            _sync(device)
-            last_step[0] = time.perf_counter()
         if on_step:
             on_step(step + 1, params.steps)
         return kwargs
 
-    # 3. Decode (inside the pipeline call, after the last step)
     generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
-    images = pipe(
+    latents = pipe(
         prompt_embeds=embeds,
         negative_prompt_embeds=neg_embeds,
         pooled_prompt_embeds=pooled,
@@ -80,12 +77,32 @@ def run_batch(
         guidance_scale=params.guidance,
         generator=generators,
         callback_on_step_end=callback,
-        output_type="pil",
+        output_type="latent",
     ).images
+    _sync(device)
+    denoised = time.perf_counter()
+
+    # 3. Decode; an fp16 VAE that overflows gets this batch again in fp32
+    images = pipe.image_processor.postprocess(decode(pipe, latents), output_type="pil")
     finished = time.perf_counter()
     return BatchResult(
-        images=images,
-        encode_s=encoded - started,
-        denoise_s=last_step[0] - encoded,
-        decode_s=finished - last_step[0],
+        images=images, encode_s=encoded - started, denoise_s=denoised - encoded, decode_s=finished - denoised
     )
+
+
+def decode(pipe: Any, latents: torch.Tensor) -> torch.Tensor:
+    """The SDXL pipeline's decode, plus a finite check when the VAE runs in fp16 by choice."""
+    vae = pipe.vae
+    upcast = vae.dtype == torch.float16 and vae.config.force_upcast
+    if upcast:
+        pipe.upcast_vae()
+    scaled = latents.to(next(iter(vae.post_quant_conv.parameters())).dtype) / vae.config.scaling_factor
+    image = vae.decode(scaled, return_dict=False)[0]
+    if upcast:
+        vae.to(dtype=torch.float16)
+    elif vae.dtype == torch.float16 and not torch.isfinite(image).all():
+        log.warning("fp16 VAE decode overflowed; decoding this batch in fp32 (set a fixed VAE or drop vae-fp16)")
+        pipe.upcast_vae()
+        image = vae.decode(latents.float() / vae.config.scaling_factor, return_dict=False)[0]
+        vae.to(dtype=torch.float16)
+    return image

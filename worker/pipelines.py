@@ -22,6 +22,8 @@ from transformers.utils import logging as transformers_logging
 from common.errors import AdapterNotFound, ModelLoadError
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from worker import models
+from worker.speedups import Speedups
+from worker.speedups import apply as apply_speedups
 
 log = logging.getLogger("diffq.worker")
 
@@ -61,10 +63,13 @@ class PipelineCache:
     """Warm pipelines for one device. Keeps ``max_models`` models (default 1: an SDXL UNet
     in fp16 is 5 GB, and a GPU serving one queue rarely needs two)."""
 
-    def __init__(self, cache_dir: str, device: str = "auto", dtype: str = "auto", max_models: int = 1) -> None:
+    def __init__(
+        self, cache_dir: str, device: str = "auto", dtype: str = "auto", speedups: str = "auto", max_models: int = 1
+    ) -> None:
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.speedups = Speedups.parse(speedups, self.device)
         self.max_models = max_models
         self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
         self.loads = 0
@@ -80,6 +85,7 @@ class PipelineCache:
         log.info("loading model %s (%s on %s)", model, str(self.dtype).removeprefix("torch."), self.device)
         pipe = self._load(model)
         pipe.set_progress_bar_config(disable=True)
+        apply_speedups(pipe, self.speedups)
         seconds = time.perf_counter() - started
         self.loads += 1
         log.info("model %s ready in %.1fs", model, seconds)

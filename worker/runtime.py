@@ -39,6 +39,8 @@ def install(runtime: Runtime) -> Runtime:
 def current() -> Runtime:
     if _current is None:
         settings = Settings.load()
-        install(Runtime(settings, PipelineCache(settings.cache_dir, settings.device, settings.dtype)))
+        install(
+            Runtime(settings, PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups))
+        )
     assert _current is not None
     return _current

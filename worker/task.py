@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
 from rq import get_current_job
 from rq.job import Job
 
@@ -119,16 +121,21 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         )
         timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
 
-        # 5. Write each image under its content-derived name (temp file + rename)
+        # 5. Write each image under its content-derived name (temp file + rename); PNG
+        #    encoding releases the GIL, so a thread per image overlaps them
         save_started = time.perf_counter()
         created = datetime.now(UTC).isoformat(timespec="seconds")
-        for n, ((key, item, index), image) in enumerate(zip(todo, result.images, strict=True), start=1):
-            record = _item_record(chunk, item, key, index)
-            path = image_path(output, key, index)
+        records = [_item_record(chunk, item, key, index) | {"created": created} for key, item, index in todo]
+
+        def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
+            record, image = pair
+            path = output / record["file"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, png_bytes(image, record | {"created": created}))
-            records.append(record | {"created": created})
-            progress.update(images_done=skipped + len(recovered) + n)
+            write_atomic(path, png_bytes(image, record))
+
+        with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
+            list(pool.map(save, zip(records, result.images, strict=True)))
+        progress.update(images_done=skipped + len(recovered) + len(records))
         timings["save_s"] = time.perf_counter() - save_started
         per_image = {k: round(v / len(todo), 4) for k, v in timings.items()}
         for record in records:

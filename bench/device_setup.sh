@@ -1,0 +1,17 @@
+# Source this first in every device call: installs the carried wheels, starts the carried Redis.
+#   carry: .whl (diffusers, rq, redis, croniter, importlib_metadata, lazy_importer)
+#          .redis (Debian's redis-tools + libjemalloc2, liblzf1, libatomic1, unpacked with dpkg -x)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+mkdir -p /tmp/redis-bin
+ln -sf "$PWD/.redis/usr/bin/redis-check-rdb" /tmp/redis-bin/redis-server   # one binary; argv[0] picks the mode
+LD_LIBRARY_PATH="$PWD/.redis/usr/lib/x86_64-linux-gnu" /tmp/redis-bin/redis-server \
+  --port 6390 --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --dir /tmp --logfile /tmp/redis.log || return 1
+export REDIS_URL=redis://127.0.0.1:6390/0
+for _ in $(seq 50); do python3 -c "import redis; redis.Redis.from_url('$REDIS_URL').ping()" 2>/dev/null && break; sleep 0.2; done
+python3 - <<'PY'
+import torch, diffusers, transformers, rq, redis
+print(f"torch {torch.__version__} cuda {torch.version.cuda} diffusers {diffusers.__version__} transformers {transformers.__version__} rq {rq.__version__}")
+print("gpus:", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+print("redis-server", redis.Redis.from_url("redis://127.0.0.1:6390/0").info()["redis_version"])
+PY

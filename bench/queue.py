@@ -1,0 +1,146 @@
+"""End-to-end benchmark through the queue: producer CLI → Redis → `worker launch` → PNGs.
+
+For each GPU count it enqueues ``--images-per-gpu × N`` prompts (sdxl-random, 1024², 30 steps,
+CFG 5.0), runs one pinned worker per GPU in burst mode with the model preloaded, and reads
+throughput from RQ's own job timestamps. One JSON line per run goes to ``--out``.
+
+    python3 bench/queue.py --out $OUT/queue.jsonl --gpu-counts 1,2,4 --chunk 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common.queues import get_queue  # noqa: E402
+
+
+def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
+    queue_name = f"bench{gpus}"
+    out_dir = Path(args.work) / queue_name
+    shutil.rmtree(out_dir, ignore_errors=True)
+    csv = Path(args.work) / f"{queue_name}.csv"
+    n_images = args.images_per_gpu * gpus
+    csv.write_text("prompt\n" + "".join(f"benchmark prompt {i}, a red fox in snow\n" for i in range(n_images)))
+    env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue_name, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "producer",
+            "enqueue",
+            str(csv),
+            "--model",
+            "sdxl-random",
+            "--chunk-size",
+            str(args.chunk),
+            "--steps",
+            str(args.steps),
+            "--output",
+            str(out_dir),
+        ],
+        env=env,
+        cwd=ROOT,
+        check=True,
+    )
+    launched = time.time()
+    log = Path(args.logs) / f"worker-{queue_name}.log"
+    with log.open("w") as handle:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "worker",
+                "launch",
+                "--gpus",
+                ",".join(map(str, range(gpus))),
+                "--burst",
+                "--preload",
+                "sdxl-random",
+                "--speedups",
+                args.speedups,
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            timeout=args.timeout,
+        )
+    finished = time.time()
+    queue = get_queue(queue_name, conn)
+    ids = queue.finished_job_registry.get_job_ids()
+    jobs = [j for j in Job.fetch_many(ids, connection=conn, serializer=JSONSerializer) if j]
+    starts = [j.started_at.timestamp() for j in jobs]
+    ends = [j.ended_at.timestamp() for j in jobs]
+    images = sum(len(j.return_value()["files"]) for j in jobs)
+    span = max(ends) - min(starts)
+    per_worker: dict[str, list[Job]] = {}
+    for job in jobs:
+        per_worker.setdefault(job.worker_name, []).append(job)
+    # steady state: each worker's rate after its first job (which pays cudnn autotuning)
+    steady = 0.0
+    for wjobs in per_worker.values():
+        wjobs.sort(key=lambda j: j.started_at)
+        if len(wjobs) > 1:
+            rest = wjobs[1:]
+            wspan = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
+            steady += sum(len(j.return_value()["files"]) for j in rest) / wspan
+    timings = [j.return_value()["timings"] for j in jobs]
+    record = {
+        "kind": "queue",
+        "gpus": gpus,
+        "chunk": args.chunk,
+        "speedups": args.speedups,
+        "exit_code": proc.returncode,
+        "jobs": len(jobs),
+        "images": images,
+        "pngs_on_disk": len(list((out_dir / "images").rglob("*.png"))),
+        "img_per_s": round(images / span, 4),
+        "steady_img_per_s": round(steady, 4),
+        "launch_to_first_image_s": round(min(ends) - launched, 2),
+        "launch_to_exit_s": round(finished - launched, 2),
+        "median_job_s": round(sorted(e - s for s, e in zip(starts, ends, strict=True))[len(jobs) // 2], 3),
+        "median_save_s": round(sorted(t["save_s"] for t in timings)[len(timings) // 2], 4),
+        "median_decode_s": round(sorted(t["decode_s"] for t in timings)[len(timings) // 2], 4),
+        "workers": sorted(per_worker),
+    }
+    return record
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--logs", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--work", default="/tmp/diffq-bench")
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6390/0"))
+    ap.add_argument("--gpu-counts", default="1")
+    ap.add_argument("--images-per-gpu", type=int, default=48)
+    ap.add_argument("--chunk", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--speedups", default="auto")
+    ap.add_argument("--timeout", type=float, default=400)
+    args = ap.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    conn = redis.Redis.from_url(args.redis_url)
+    for gpus in [int(g) for g in args.gpu_counts.split(",")]:
+        record = run(args, gpus, conn)
+        with args.out.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

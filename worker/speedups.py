@@ -1,0 +1,72 @@
+"""Pipeline speed levers, each a switch in ``DIFFQ_SPEEDUPS`` / ``worker run --speedups``.
+
+The defaults are what docs/benchmarks.md measured on H100/H200: each lever stays on only
+if it paid for itself there. Every lever keeps the output within fp16 tolerance of the
+plain pipeline; ``vae-fp16`` additionally falls back to an fp32 decode for any batch whose
+fp16 decode is not finite (the stock SDXL VAE overflows in fp16; fixed VAEs do not).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from common.errors import ConfigError
+
+log = logging.getLogger("diffq.worker")
+
+LEVERS = {
+    "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",
+    "channels-last": "UNet and VAE in channels_last memory format",
+    "fuse-qkv": "fused QKV projections in the UNet's attention",
+    "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; minutes of warm-up)",
+}
+#: chosen by the measurements in docs/benchmarks.md (CUDA only; the CPU runs the plain pipeline)
+CUDA_DEFAULT = ("vae-fp16",)
+
+
+@dataclass(frozen=True)
+class Speedups:
+    levers: frozenset[str]
+
+    @classmethod
+    def parse(cls, text: str, device: torch.device) -> Speedups:
+        text = text.strip()
+        if text == "auto":
+            return cls(frozenset(CUDA_DEFAULT if device.type == "cuda" else ()))
+        if text in ("", "none"):
+            return cls(frozenset())
+        names = {name.strip() for name in text.split(",") if name.strip()}
+        unknown = names - set(LEVERS)
+        if unknown:
+            raise ConfigError(
+                f"--speedups: unknown lever(s) {', '.join(sorted(unknown))}; use auto, none or a list of "
+                + ", ".join(LEVERS)
+            )
+        return cls(frozenset(names))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.levers
+
+    def describe(self) -> str:
+        return ",".join(sorted(self.levers)) or "none"
+
+
+def apply(pipe: Any, speedups: Speedups) -> float:
+    """Apply the levers to a freshly loaded pipeline; returns seconds spent (compile is lazy)."""
+    started = time.perf_counter()
+    if "fuse-qkv" in speedups:
+        pipe.unet.fuse_qkv_projections()
+    if "channels-last" in speedups:
+        pipe.unet.to(memory_format=torch.channels_last)
+        pipe.vae.to(memory_format=torch.channels_last)
+    if "compile-blocks" in speedups:
+        pipe.unet.compile_repeated_blocks(fullgraph=True)
+    if "vae-fp16" in speedups:
+        pipe.vae.config.force_upcast = False
+    log.info("speedups: %s", speedups.describe())
+    return time.perf_counter() - started
