@@ -4,7 +4,7 @@ For each GPU count it enqueues ``--images-per-gpu × N`` prompts (sdxl-random, 1
 CFG 5.0), runs one pinned worker per GPU in burst mode with the model preloaded, and reads
 throughput from RQ's own job timestamps. One JSON line per run goes to ``--out``.
 
-    python3 bench/queue.py --out $OUT/queue.jsonl --gpu-counts 1,2,4 --chunk 8
+    python3 bench/e2e_queue.py --out $OUT/queue.jsonl --gpu-counts 1,2,4 --chunk 8
 """
 
 from __future__ import annotations
