@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     csv = Path(args.work) / f"{queue_name}.csv"
     n_images = args.images_per_gpu * gpus
-    csv.write_text("prompt\n" + "".join(f"benchmark prompt {i}, a red fox in snow\n" for i in range(n_images)))
+    csv.write_text("prompt\n" + "".join(f'"benchmark prompt {i}, a red fox in snow"\n' for i in range(n_images)))
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue_name, "PYTHONUNBUFFERED": "1"}
     subprocess.run(
         [

@@ -74,7 +74,12 @@ def count_flops(pipe, params: GenParams) -> dict[str, float]:
 
 
 def time_calls(fn, repeats: int) -> list[float]:
-    fn()  # warm-up: cudnn autotune, allocator, lazy compile
+    """Median-ready call times; the first (warm-up: cudnn autotune, allocator, lazy compile) is last in the list."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    warmup = time.perf_counter() - started
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -82,7 +87,7 @@ def time_calls(fn, repeats: int) -> list[float]:
         fn()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
-    return times
+    return [*times, warmup]
 
 
 def measure(out, label, pipe, params, batch, repeats, levers, extra=None) -> dict:
@@ -94,7 +99,7 @@ def measure(out, label, pipe, params, batch, repeats, levers, extra=None) -> dic
         breakdowns.append(result)
         assert len(result.images) == batch
 
-    times = time_calls(once, repeats)
+    *times, warmup = time_calls(once, repeats)
     last = breakdowns[-1]
     per_call = statistics.median(times)
     record = {
@@ -106,6 +111,7 @@ def measure(out, label, pipe, params, batch, repeats, levers, extra=None) -> dic
         "img_per_s": round(batch / per_call, 4),
         "s_per_img": round(per_call / batch, 4),
         "calls": [round(t, 4) for t in times],
+        "warmup_call_s": round(warmup, 2),
         "encode_s": round(last.encode_s, 4),
         "denoise_s": round(last.denoise_s, 4),
         "unet_step_ms": round(1e3 * last.denoise_s / params.steps, 2),
@@ -172,7 +178,7 @@ def main() -> None:
                 generator=torch.Generator("cpu").manual_seed(0),
             )
 
-        times = time_calls(plain, args.repeats + 1)
+        *times, _ = time_calls(plain, args.repeats + 1)
         per = statistics.median(times)
         emit(
             args.out,
