@@ -215,7 +215,7 @@ def main() -> None:
             args.lever_batch,
             args.repeats,
             ",".join(applied),
-            {"apply_s": round(seconds, 2), "first_call_incl_s": None},
+            {"apply_s": round(seconds, 2)},
         )
         emit(args.out, {"kind": "lever-wall", "lever": lever, "wall_s": round(time.perf_counter() - first, 1)})
 
