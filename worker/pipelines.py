@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,8 @@ class PipelineCache:
     def __init__(
         self, cache_dir: str, device: str = "auto", dtype: str = "auto", speedups: str = "auto", max_models: int = 1
     ) -> None:
+        # compiled kernels persist beside the models, so a restarted worker skips most compile time
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
