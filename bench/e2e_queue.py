@@ -30,6 +30,7 @@ from common.queues import get_queue  # noqa: E402
 
 def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     queue_name = f"bench{gpus}"
+    conn.flushdb()  # a warm machine keeps the last run's Redis: start from nothing
     out_dir = Path(args.work) / queue_name
     shutil.rmtree(out_dir, ignore_errors=True)
     csv = Path(args.work) / f"{queue_name}.csv"

@@ -68,11 +68,15 @@ def apply(pipe: Any, speedups: Speedups) -> float:
     if "compile-blocks" in speedups:
         pipe.unet.compile_repeated_blocks(fullgraph=True)
     if "compile-resnets" in speedups:
+        import torch._dynamo as dynamo
         from diffusers.models.resnet import ResnetBlock2D
 
-        for module in pipe.unet.modules():
-            if isinstance(module, ResnetBlock2D):
-                module.compile(fullgraph=True)
+        blocks = [m for m in pipe.unet.modules() if isinstance(m, ResnetBlock2D)]
+        # the blocks share one code object; each instance and shape is one more cache entry
+        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(blocks))
+        dynamo.config.accumulated_cache_size_limit = max(dynamo.config.accumulated_cache_size_limit, 16 * len(blocks))
+        for module in blocks:
+            module.compile()
     if "vae-fp16" in speedups:
         pipe.vae.config.force_upcast = False
     log.info("speedups: %s", speedups.describe())
