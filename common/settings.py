@@ -48,7 +48,7 @@ class Settings:
     dtype: str = "auto"
     speedups: str = "auto"
     gpu_label: str = ""
-    chunk_size: int = 4
+    chunk_size: int = 8
     job_timeout: int = 3600
     max_retries: int = 3
     log_level: str = "INFO"

@@ -68,7 +68,7 @@ def main() -> None:
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
 @click.option("--num-images", type=int, default=1, show_default=True, help="Images per prompt.")
 @click.option("--output", help="Folder the workers write images to [env DIFFQ_OUTPUT; default out].")
-@click.option("--chunk-size", type=int, help="Prompts per job, run as one GPU batch [env DIFFQ_CHUNK_SIZE; 4].")
+@click.option("--chunk-size", type=int, help="Prompts per job, run as one GPU batch [env DIFFQ_CHUNK_SIZE; 8].")
 @click.option("--job-timeout", type=int, help="Seconds one job may run [env DIFFQ_JOB_TIMEOUT; 3600].")
 @click.option("--max-retries", type=int, help="Retries of a job that failed transiently [3].")
 @click.option("--dry-run", is_flag=True, help="Validate and count; enqueue nothing.")
