@@ -1,6 +1,6 @@
 """Draw docs/scaling.png from bench/results/*-queue.jsonl with Pillow (no plotting dependency).
 
-    python3 bench/plot_scaling.py bench/results/h200x4-queue.jsonl docs/scaling.png
+python3 bench/plot_scaling.py bench/results/h200x4-queue.jsonl docs/scaling.png
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from PIL import Image, ImageDraw
 
 
 def main(src: str, dst: str) -> None:
-    runs = [json.loads(line) for line in open(src) if line.strip()]
+    with open(src) as handle:
+        runs = [json.loads(line) for line in handle if line.strip()]
     runs = [r for r in runs if r.get("kind") == "queue"]
     base = next(r["steady_img_per_s"] for r in runs if r["gpus"] == 1)
     width, height, pad = 640, 420, 60
