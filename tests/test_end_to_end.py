@@ -26,7 +26,7 @@ def drained(redis_server: RedisServer, cache_dir: Path, tmp_path_factory: pytest
     old = os.environ.copy()
     os.environ.update(env)
     try:
-        enqueued = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", out)
+        enqueued = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", out, "--chunk-size", "4")
         assert enqueued.exit_code == 0, enqueued.output
         bad = write_csv(out.parent / "bad-adapter.csv", "prompt,adapter\nno such adapter,/nonexistent/dora\n")
         assert producer("enqueue", bad, *TINY_FLAGS, "--output", out).exit_code == 0
@@ -88,7 +88,7 @@ def test_warm_worker_loads_the_model_once(drained):
 
 def test_rerun_of_a_done_file_adds_nothing(drained):
     args = ("--output", drained["out"], "--queue", QUEUE, "--redis-url", drained["url"])
-    again = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, *args)
+    again = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, *args, "--chunk-size", "4")
     assert "0 new, 12 already queued or done" in again.output
     assert get_queue(QUEUE, drained["conn"]).count == 0
 
