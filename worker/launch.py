@@ -122,10 +122,8 @@ class Launcher:
         self.stopping = min(self.stopping + 1, 2)
         kind = "warm (finish current jobs)" if self.stopping == 1 else "cold (stop now)"
         self.say("*", f"launcher: {signal.Signals(signum).name}: {kind} shutdown of all workers")
-        if self.stopping == 1:
-            self.stop_deadline = time.monotonic() + float("inf")
-        else:
-            self.stop_deadline = time.monotonic() + KILL_GRACE_S
+        # a warm stop waits for current jobs however long they take; a cold one gets a grace period
+        self.stop_deadline = float("inf") if self.stopping == 1 else time.monotonic() + KILL_GRACE_S
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.send_signal(signal.SIGTERM)
