@@ -95,14 +95,14 @@ def decode(pipe: Any, latents: torch.Tensor) -> torch.Tensor:
     vae = pipe.vae
     upcast = vae.dtype == torch.float16 and vae.config.force_upcast
     if upcast:
-        pipe.upcast_vae()
+        vae.to(dtype=torch.float32)
     scaled = latents.to(next(iter(vae.post_quant_conv.parameters())).dtype) / vae.config.scaling_factor
     image = vae.decode(scaled, return_dict=False)[0]
     if upcast:
         vae.to(dtype=torch.float16)
     elif vae.dtype == torch.float16 and not torch.isfinite(image).all():
         log.warning("fp16 VAE decode overflowed; decoding this batch in fp32 (set a fixed VAE or drop vae-fp16)")
-        pipe.upcast_vae()
+        vae.to(dtype=torch.float32)
         image = vae.decode(latents.float() / vae.config.scaling_factor, return_dict=False)[0]
         vae.to(dtype=torch.float16)
     return image
