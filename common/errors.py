@@ -45,3 +45,7 @@ class AdapterNotFound(PermanentJobError):
 
 class OutputNotWritable(PermanentJobError):
     """The job's output folder cannot be created or written."""
+
+
+class OutOfMemory(PermanentJobError):
+    """The GPU ran out of memory even for one image at a time: smaller sizes or a bigger GPU."""

@@ -12,7 +12,13 @@ job state. Beside them we keep only what RQ cannot tell us:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 from rq import Queue
 from rq.serializers import JSONSerializer
 
@@ -24,15 +30,50 @@ DONE = "done"
 RECENT_WINDOW_S = 600
 
 
-def connect(url: str, *, check: bool = True) -> redis.Redis:
-    """A client for ``url`` (redis://, rediss:// or unix://); credentials come from the URL only."""
+log = logging.getLogger("diffq.redis")
+
+#: how long a command keeps retrying while Redis is unreachable, by who is asking: workers and
+#: ``producer wait`` ride out a restart however long it takes; a one-shot command gives up
+#: after about a minute with a clear line
+PATIENCE_FOREVER = -1
+PATIENCE_COMMAND = 20
+
+
+class LoggedRetry(Retry):
+    """redis-py's retry with exponential backoff (0.2 s doubling, capped at 5 s), saying so in
+    the log: a worker waiting for Redis should look like it is waiting, not hung."""
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def noisy(error: Exception, *rest: Any) -> Any:
+            log.warning("Redis unreachable (%s: %s); retrying with backoff", error.__class__.__name__, error)
+            return fail(error, *rest)
+
+        return super().call_with_retry(do, noisy, *args, **kwargs)
+
+
+def connect(url: str, *, check: bool = True, retries: int = PATIENCE_COMMAND) -> redis.Redis:
+    """A client for ``url`` (redis://, rediss:// or unix://); credentials come from the URL only.
+
+    Every command retries connection errors with backoff (``retries`` times, or forever when
+    negative), so a Redis restart is a pause, not a crash. That is safe because everything
+    diffq writes is idempotent: item keys and job ids are content hashes, and a job that runs
+    twice skips the images it finds done. The first ``PING`` does not retry, so a wrong URL is
+    reported at once.
+    """
     try:
-        conn = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+        probe = redis.Redis.from_url(url, socket_connect_timeout=5, retry=Retry(ExponentialWithJitterBackoff(), 0))
+        conn = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=5,
+            socket_keepalive=True,
+            health_check_interval=30,
+            retry=LoggedRetry(ExponentialWithJitterBackoff(cap=5, base=0.2), retries),
+        )
     except ValueError as exc:
         raise ConfigError(f"--redis-url {redact(url)!r}: {exc}") from None
     if check:
         try:
-            conn.ping()
+            probe.ping()
         except redis.AuthenticationError:
             raise ConfigError(f"Redis at {redact(url)} refused the credentials in the URL") from None
         except redis.RedisError as exc:
@@ -40,6 +81,8 @@ def connect(url: str, *, check: bool = True) -> redis.Redis:
                 f"cannot reach Redis at {redact(url)} ({exc.__class__.__name__}): "
                 "start redis-server or set --redis-url / REDIS_URL"
             ) from None
+        finally:
+            probe.close()
     return conn
 
 

@@ -31,6 +31,7 @@ ENV_NAMES: dict[str, str] = {
     "job_timeout": "DIFFQ_JOB_TIMEOUT",
     "max_retries": "DIFFQ_MAX_RETRIES",
     "log_level": "DIFFQ_LOG_LEVEL",
+    "fault_oom_above": "DIFFQ_FAULT_OOM_ABOVE",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -52,6 +53,8 @@ class Settings:
     job_timeout: int = 3600
     max_retries: int = 3
     log_level: str = "INFO"
+    #: tests only: the UNet raises CUDA's out-of-memory error for batches above this many images
+    fault_oom_above: int = -1
 
     @classmethod
     def load(cls, **flags: Any) -> Settings:

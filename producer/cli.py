@@ -149,7 +149,7 @@ def status(queue: str | None, redis_url: str | None, as_json: bool) -> None:
 def wait(queue: str | None, redis_url: str | None, timeout: float | None, poll: float) -> None:
     """Block until the queue drains; exit 1 if any job failed."""
     settings = Settings.load(queue=queue, redis_url=redis_url)
-    conn = connect(settings.redis_url)
+    conn = connect(settings.redis_url, retries=0)  # the loop below waits out a Redis restart itself
     started = time.monotonic()
     first = collect(conn, settings.queue, details=False)
     base_done = first.finished + first.failed
@@ -159,7 +159,7 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, poll: 
         try:
             st = collect(conn, settings.queue, details=False)
             backoff = poll
-        except redis.ConnectionError:
+        except (redis.ConnectionError, redis.TimeoutError):
             bar.update(bar.done, extra="(Redis unreachable, retrying)")
             time.sleep(backoff)
             backoff = min(backoff * 2, 30.0)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from common.errors import DiffqError
-from common.queues import connect, get_queue
+from common.queues import PATIENCE_FOREVER, connect, get_queue
 from common.settings import Settings, redact
 
 
@@ -77,7 +77,7 @@ def _run(settings: Settings, opts: dict[str, Any]) -> None:
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
     logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
     log = logging.getLogger("diffq.worker")
-    conn = connect(settings.redis_url)
+    conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)
     worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name)
     runtime.install(runtime.Runtime(settings, pipelines, keepalive=worker.keepalive, worker_name=name))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from common.errors import OutOfMemory
 from common.jobspec import GenParams
 
 log = logging.getLogger("diffq.worker")
@@ -88,6 +89,65 @@ def run_batch(
     return BatchResult(
         images=images, encode_s=encoded - started, denoise_s=denoised - encoded, decode_s=finished - denoised
     )
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's out-of-memory, whichever way this torch version spells it."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    )
+
+
+def run_split(
+    pipe: Any,
+    params: GenParams,
+    prompts: list[str],
+    negatives: list[str],
+    seeds: list[int],
+    max_batch: int,
+    on_step: Callable[[int, int], None] | None = None,
+) -> tuple[BatchResult, int]:
+    """:func:`run_batch` in batches of at most ``max_batch``, halving a batch that runs out of
+    memory until one image at a time; returns the merged result and the batch size that fit.
+
+    Seeds are per image, so a split batch gives the same images as the whole one would.
+    """
+    parts = [list(range(i, min(i + max_batch, len(prompts)))) for i in range(0, len(prompts), max_batch)]
+    images: dict[int, Image.Image] = {}
+    total = BatchResult([], 0.0, 0.0, 0.0)
+    fitted = max_batch
+    while parts:
+        part = parts.pop(0)
+        try:
+            result = run_batch(
+                pipe,
+                params,
+                prompts=[prompts[i] for i in part],
+                negatives=[negatives[i] for i in part],
+                seeds=[seeds[i] for i in part],
+                on_step=on_step,
+            )
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if len(part) == 1:
+                raise OutOfMemory(
+                    f"out of memory even for one {params.width}x{params.height} image with {params.model!r}: "
+                    "use a smaller size or a GPU with more memory"
+                ) from None
+            half = (len(part) + 1) // 2
+            fitted = min(fitted, half)
+            log.warning("out of memory at batch %d; splitting into %d + %d", len(part), half, len(part) - half)
+            parts[:0] = [part[:half], part[half:]]
+            continue
+        images.update(zip(part, result.images, strict=True))
+        total.encode_s += result.encode_s
+        total.denoise_s += result.denoise_s
+        total.decode_s += result.decode_s
+    total.images = [images[i] for i in range(len(prompts))]
+    return total, fitted
 
 
 def decode(pipe: Any, latents: torch.Tensor) -> torch.Tensor:

@@ -63,14 +63,49 @@ def prepare_output(output: str | Path) -> Path:
     return root
 
 
+def remove_stale_temps(path: Path) -> int:
+    """Delete temp files a killed writer left for ``path``; the job now belongs to us."""
+    removed = 0
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def recorded_files(output: Path, files: set[str]) -> set[str]:
+    """Which of ``files`` already have a line in ``metadata.jsonl``.
+
+    Only needed when a retry finds images an interrupted attempt wrote (rare), so reading
+    the whole file then is fine; the common path never reads it.
+    """
+    found: set[str] = set()
+    path = output / METADATA_FILE
+    if not files or not path.exists():
+        return found
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                name = json.loads(line).get("file")
+            except (ValueError, AttributeError):
+                continue  # a torn last line from a killed writer is not a record
+            if name in files:
+                found.add(name)
+    return found
+
+
 def append_metadata(output: Path, records: list[dict[str, Any]]) -> None:
     if not records:
         return
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
-    with open(output / METADATA_FILE, "a", encoding="utf-8") as handle:
+    with open(output / METADATA_FILE, "a+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            handle.write(text)
+            end = handle.seek(0, os.SEEK_END)
+            if end:
+                handle.seek(end - 1)
+                if handle.read(1) != b"\n":
+                    text = "\n" + text  # end a line torn by a writer that was killed mid-write
+            handle.write(text.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
         finally:

@@ -25,6 +25,8 @@ class Runtime:
     pipelines: PipelineCache
     keepalive: Callable[[], None] = field(default=_nothing)
     worker_name: str = ""
+    #: largest batch that fitted in memory, by (model, width, height), learnt from OOM splits
+    batch_limits: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
 
 _current: Runtime | None = None

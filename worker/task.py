@@ -23,8 +23,16 @@ from common.jobspec import JobSpec, PromptItem
 from common.naming import image_path, image_relpath, item_key
 from common.queues import DONE, RECENT_WINDOW_S, images_key, items_key, recent_key
 from worker import runtime
-from worker.generate import run_batch
-from worker.images import append_metadata, png_bytes, prepare_output, write_atomic
+from worker.faults import install_oom_fault
+from worker.generate import run_split
+from worker.images import (
+    append_metadata,
+    png_bytes,
+    prepare_output,
+    recorded_files,
+    remove_stale_temps,
+    write_atomic,
+)
 
 log = logging.getLogger("diffq.worker")
 
@@ -38,6 +46,7 @@ class _Progress:
         self.job = job
         self.last_save = 0.0
         if job is not None:
+            job.meta.pop("error", None)  # a reason left by an earlier attempt no longer holds
             job.meta.update(images=images, images_done=0, step=0, steps=None)
 
     def update(self, force: bool = False, **fields: Any) -> None:
@@ -96,7 +105,12 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             if path.exists():
                 recovered.append(_item_record(chunk, item, key, index) | {"recovered": True})
             else:
+                remove_stale_temps(path)
                 todo.append((key, item, index))
+    if recovered:
+        # the interrupted attempt may have died after writing its metadata lines
+        already = recorded_files(output, {r["file"] for r in recovered})
+        recovered = [r for r in recovered if r["file"] not in already]
     progress = _Progress(job, images=chunk.num_images)
     timings: dict[str, float] = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
     records: list[dict[str, Any]] = []
@@ -111,14 +125,22 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             rt.keepalive()
             progress.update(step=step, steps=steps)
 
-        result = run_batch(
+        if rt.settings.fault_oom_above >= 0:
+            install_oom_fault(loaded.pipe, rt.settings.fault_oom_above)
+        shape = (chunk.params.model, chunk.params.width, chunk.params.height)
+        limit = rt.batch_limits.get(shape, len(todo))
+        result, fitted = run_split(
             loaded.pipe,
             chunk.params,
             prompts=[item.prompt for _, item, _ in todo],
             negatives=[item.negative_prompt for _, item, _ in todo],
             seeds=[item.seed + index for _, item, index in todo],
+            max_batch=limit,
             on_step=on_step,
         )
+        if fitted < len(todo):
+            rt.batch_limits[shape] = fitted
+            progress.update(force=True, split_batch=fitted)
         timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
 
         # 5. Write each image under its content-derived name (temp file + rename); PNG

@@ -1,0 +1,79 @@
+"""Give jobs of dead workers back to the queue, quickly and exactly once.
+
+A worker that is SIGKILLed, OOM-killed or preempted leaves its job in RQ's started registry
+with an expiry score (the last heartbeat plus :data:`HEARTBEAT_TTL_S`). RQ's own clean-up
+runs only between jobs every ``maintenance_interval`` and re-queues an abandoned job only
+while it has retries left, using one up; with a busy fleet the job could sit there for its
+whole timeout. Here every live worker's keeper thread looks every :data:`REAP_INTERVAL_S`
+and puts expired jobs back at the front of their queue without using a retry: dying is
+not the job's fault. A job that has killed :data:`MAX_ABANDONED` workers is failed instead,
+with a reason that says so (it is likely what kills them, e.g. a host OOM).
+
+It holds RQ's maintenance lock for the queue while it works, so it never races RQ's own
+``StartedJobRegistry.cleanup`` or another worker's reaper on the same entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+from rq.registry import StartedJobRegistry
+from rq.utils import parse_composite_key
+
+log = logging.getLogger("diffq.worker")
+
+#: a running job's heartbeat is renewed every KEEPALIVE_INTERVAL_S; it is taken for dead after this
+HEARTBEAT_TTL_S = 30
+KEEPALIVE_INTERVAL_S = 5.0
+REAP_INTERVAL_S = 10.0
+MAX_ABANDONED = 3
+
+
+def requeue_abandoned(queue: Queue, now: float | None = None) -> list[str]:
+    """Re-queue (or fail) every job of ``queue`` whose worker stopped heartbeating; return their ids."""
+    if not queue.acquire_maintenance_lock():
+        return []
+    try:
+        return _requeue_expired(queue, time.time() if now is None else now)
+    finally:
+        queue.release_maintenance_lock()
+
+
+def _requeue_expired(queue: Queue, now: float) -> list[str]:
+    conn: redis.Redis = queue.connection
+    registry = StartedJobRegistry(queue.name, connection=conn, serializer=queue.serializer)
+    handled: list[str] = []
+    for raw in conn.zrangebyscore(registry.key, 0, now):
+        entry = raw.decode()
+        if not conn.zrem(registry.key, entry):
+            continue  # somebody else took it
+        job_id, _ = parse_composite_key(entry)
+        conn.delete(f"rq:execution:{entry}")
+        try:
+            job = Job.fetch(job_id, connection=conn, serializer=queue.serializer)
+        except Exception:  # a vanished or unreadable job has nothing to re-queue
+            continue
+        if job.get_status(refresh=True) in (JobStatus.FINISHED, JobStatus.FAILED):
+            continue
+        abandoned = int(job.meta.get("abandoned", 0)) + 1
+        job.meta["abandoned"] = abandoned
+        if abandoned > MAX_ABANDONED:
+            reason = f"the worker running it died {abandoned} times (killed? host out of memory?); not retried"
+            job.meta.update(error=reason, permanent=True)
+            job.save_meta()
+            with conn.pipeline() as pipe:
+                job.set_status(JobStatus.FAILED, pipeline=pipe)
+                job._handle_failure(reason, pipe, worker_name="")
+                pipe.execute()
+            log.warning("job %s failed: %s", job_id, reason)
+        else:
+            job.meta["error"] = f"its worker stopped mid-job; re-queued ({abandoned}/{MAX_ABANDONED})"
+            job.save_meta()
+            queue.enqueue_job(job, at_front=True)
+            log.warning("job %s: its worker stopped heartbeating; re-queued at the front", job_id)
+        handled.append(job_id)
+    return handled
