@@ -30,8 +30,10 @@ ENV_NAMES: dict[str, str] = {
     "chunk_size": "DIFFQ_CHUNK_SIZE",
     "job_timeout": "DIFFQ_JOB_TIMEOUT",
     "max_retries": "DIFFQ_MAX_RETRIES",
+    "retry_backoff": "DIFFQ_RETRY_BACKOFF",
     "log_level": "DIFFQ_LOG_LEVEL",
     "fault_oom_above": "DIFFQ_FAULT_OOM_ABOVE",
+    "fault_fail_attempts": "DIFFQ_FAULT_FAIL_ATTEMPTS",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -52,9 +54,13 @@ class Settings:
     chunk_size: int = 8
     job_timeout: int = 3600
     max_retries: int = 3
+    #: seconds before the 1st, 2nd, ... retry of a transient failure (the last repeats)
+    retry_backoff: str = "5,30,120"
     log_level: str = "INFO"
     #: tests only: the UNet raises CUDA's out-of-memory error for batches above this many images
     fault_oom_above: int = -1
+    #: tests only: the first N attempts of every job fail with a transient error
+    fault_fail_attempts: int = 0
 
     @classmethod
     def load(cls, **flags: Any) -> Settings:
@@ -84,12 +90,26 @@ class Settings:
             raise ConfigError(f"--job-timeout {self.job_timeout}: use at least 10 seconds")
         if not self.queue or ":" in self.queue or len(self.queue) > 100:
             raise ConfigError(f"--queue {self.queue!r}: use a short name without ':'")
+        if not 0 <= self.max_retries <= 100:
+            raise ConfigError(f"--max-retries {self.max_retries}: use 0..100")
+        self.retry_intervals()
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(
                 f"--redis-url {redact(self.redis_url)!r}: use redis://[user:password@]host:port/db or rediss://"
             )
         return self
+
+    def retry_intervals(self) -> list[int]:
+        try:
+            values = [int(v) for v in self.retry_backoff.split(",")]
+        except ValueError:
+            values = []
+        if not values or any(v < 0 for v in values):
+            raise ConfigError(
+                f"DIFFQ_RETRY_BACKOFF={self.retry_backoff!r}: use seconds before each retry, e.g. 5,30,120"
+            )
+        return values
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes).validate()

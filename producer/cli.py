@@ -114,7 +114,9 @@ def enqueue(file: Path, **opts: Any) -> None:
         return
 
     output = str(Path(settings.output).expanduser().absolute())
-    options = EnqueueOptions(output, settings.chunk_size, settings.job_timeout, settings.max_retries)
+    options = EnqueueOptions(
+        output, settings.chunk_size, settings.job_timeout, settings.max_retries, tuple(settings.retry_intervals())
+    )
     bar = Progress("enqueue", rows, "rows")
     report = Enqueuer(conn, settings.queue, options).enqueue(file, defaults, on_row=bar.update)
     bar.close()

@@ -25,7 +25,6 @@ from producer.reader import Row, RowDefaults, RowError, read_rows
 
 BATCH_ITEMS = 2000
 MAX_ERRORS_SHOWN = 20
-RETRY_INTERVALS = [5, 30, 120]
 RESULT_TTL = 7 * 24 * 3600
 FAILURE_TTL = 30 * 24 * 3600
 
@@ -36,6 +35,7 @@ class EnqueueOptions:
     chunk_size: int = 4
     job_timeout: int = 3600
     max_retries: int = 3
+    retry_intervals: tuple[int, ...] = (5, 30, 120)
 
 
 @dataclass
@@ -177,7 +177,9 @@ class Enqueuer:
                         timeout=self.options.job_timeout,
                         result_ttl=RESULT_TTL,
                         failure_ttl=FAILURE_TTL,
-                        retry=Retry(max=self.options.max_retries, interval=RETRY_INTERVALS),
+                        retry=Retry(max=self.options.max_retries, interval=list(self.options.retry_intervals))
+                        if self.options.max_retries
+                        else None,
                         meta={"prompts": len(keys), "images": spec.num_images},
                     )
                 )

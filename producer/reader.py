@@ -169,10 +169,10 @@ def _check_columns(path: Path, columns: list[str]) -> None:
     unknown = [c for c in columns if c not in COLUMNS]
     if "prompt" not in columns:
         hint = f" (found {', '.join(map(repr, unknown))})" if unknown else ""
-        raise InputFileError(f"{path}: no 'prompt' column{hint}; the header row must name one")
+        raise InputFileError(f"{path}:1: no 'prompt' column{hint}; the header row must name one")
     if unknown:
         raise InputFileError(
-            f"{path}: unknown column(s) {', '.join(map(repr, unknown))}; known columns: {', '.join(COLUMNS)}"
+            f"{path}:1: unknown column(s) {', '.join(map(repr, unknown))}; known columns: {', '.join(COLUMNS)}"
         )
 
 

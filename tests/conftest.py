@@ -132,3 +132,26 @@ def run_worker(env: dict[str, str], *args: str, timeout: float = 240) -> subproc
 def write_csv(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """Start ``worker run`` (not burst unless asked) as a real process logging to ``log``."""
+    handle = open(log, "ab")  # noqa: SIM115 - the process owns it until it exits
+    return subprocess.Popen(
+        worker_cmd("run", "--device", "cpu", *args), env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT
+    )
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def images_under(output: Path) -> list[Path]:
+    return sorted(output.rglob("*.png"))

@@ -59,7 +59,7 @@ def test_bad_rows_are_reported_with_file_and_line(tmp_path):
     ("text", "message"),
     [
         ("", "empty file"),
-        ("caption,seed\nx,1\n", "no 'prompt' column"),
+        ("caption,seed\nx,1\n", ":1: no 'prompt' column"),
         ("prompt,colour\nx,red\n", r"unknown column\(s\) 'colour'"),
     ],
 )

@@ -29,3 +29,14 @@ def install_oom_fault(pipe: Any, max_images: int) -> None:
 
     pipe.unet.register_forward_pre_hook(hook)
     setattr(pipe.unet, _HOOKED, max_images)
+
+
+class InjectedFault(RuntimeError):
+    """A transient failure on purpose (``DIFFQ_FAULT_FAIL_ATTEMPTS``), to test retries."""
+
+
+def fail_early_attempts(attempt: int, fail_attempts: int) -> None:
+    if attempt <= fail_attempts:
+        raise InjectedFault(
+            f"injected transient fault on attempt {attempt} (DIFFQ_FAULT_FAIL_ATTEMPTS={fail_attempts})"
+        )

@@ -150,27 +150,37 @@ class DiffqWorker(SimpleWorker):
         self.log.warning("Worker %s: job %s re-queued at the front", self.name, job.id)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        said = ""
         while True:
             result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             if result is not None or timeout is not None or self._stop_requested:
                 return result
-            wait = self._next_retry_in()
+            wait, why = self._unfinished_elsewhere()
             if wait is None:
                 return None
-            self.log.info("Worker %s: burst: a retry is scheduled in %.0fs; waiting for it", self.name, wait)
+            if why != said:
+                self.log.info("Worker %s: burst: queue is empty but %s; waiting", self.name, why)
+                said = why
             time.sleep(min(max(wait, 0.2), KEEPALIVE_INTERVAL_S))
             self._enqueue_due_retries()
 
-    def _next_retry_in(self) -> float | None:
-        """Seconds until the earliest job scheduled (for a retry) on our queues, or None."""
+    def _unfinished_elsewhere(self) -> tuple[float | None, str]:
+        """Work of our queues that may still come back to the queue: jobs scheduled for a retry
+        (seconds until the first is due) or running on other workers (which may die and have
+        their job re-queued). A burst worker waits for both before it calls the queue drained."""
         earliest: float | None = None
+        running = 0
         for queue in self.queues:
-            registry = ScheduledJobRegistry(queue=queue)
-            first = self.connection.zrange(registry.key, 0, 0, withscores=True)
+            first = self.connection.zrange(ScheduledJobRegistry(queue=queue).key, 0, 0, withscores=True)
             if first:
                 at = float(first[0][1])
                 earliest = at if earliest is None else min(earliest, at)
-        return None if earliest is None else earliest - time.time()
+            running += self.connection.zcard(queue.started_job_registry.key)
+        if earliest is not None:
+            return earliest - time.time(), "a retry is scheduled"
+        if running:
+            return KEEPALIVE_INTERVAL_S, f"{running} job(s) still run on other workers"
+        return None, ""
 
     def _enqueue_due_retries(self) -> None:
         scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)

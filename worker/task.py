@@ -23,7 +23,7 @@ from common.jobspec import JobSpec, PromptItem
 from common.naming import image_path, image_relpath, item_key
 from common.queues import DONE, RECENT_WINDOW_S, images_key, items_key, recent_key
 from worker import runtime
-from worker.faults import install_oom_fault
+from worker.faults import fail_early_attempts, install_oom_fault
 from worker.generate import run_split
 from worker.images import (
     append_metadata,
@@ -89,6 +89,11 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     # 1. Validate the payload: it came from Redis, so it is untrusted
     chunk = JobSpec.from_dict(spec)
     output = prepare_output(chunk.output)
+    attempt = 1
+    if job is not None:
+        attempt = job.meta["attempts"] = int(job.meta.get("attempts", 0)) + 1
+        job.save_meta()
+    fail_early_attempts(attempt, rt.settings.fault_fail_attempts)
 
     # 2. Skip items already done; keep images an interrupted attempt finished
     keys = [item_key(chunk.params, item) for item in chunk.items]

@@ -1,0 +1,58 @@
+"""Bad input, one case each (the table in docs/reliability.md): the real ``producer enqueue``
+against a real Redis, a clear message naming the file and row, exit code 2, nothing enqueued.
+
+Every file has a good row first, so "nothing enqueued" means the bad row stopped the good one too.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_FLAGS, producer
+
+CASES = [
+    # (name, file name, bytes, expected message after "<path>")
+    ("empty file", "p.csv", b"", ": empty file; expected a header row with a 'prompt' column"),
+    ("no prompt column", "p.csv", b"caption\nx\n", ":1: no 'prompt' column (found 'caption')"),
+    ("unknown column", "p.csv", b"prompt,colour\nx,red\n", ":1: unknown column(s) 'colour'"),
+    ("wrong type", "p.csv", b"prompt,width\nok,64\nx,abc\n", ":3: width 'abc' is not a whole number"),
+    ("wrong JSON type", "p.jsonl", b'{"prompt": "ok"}\n{"prompt": 5}\n', ":2: prompt must be text, not int"),
+    ("negative size", "p.csv", b"prompt,width\nok,64\nx,-64\n", ":3: width -64 is outside 64..4096"),
+    ("huge size", "p.csv", b"prompt,height\nok,64\nx,100000\n", ":3: height 100000 is outside 64..4096"),
+    ("steps 0", "p.csv", b"prompt,steps\nok,3\nx,0\n", ":3: steps 0 is outside 1..500"),
+    ("NaN guidance", "p.csv", b"prompt,guidance\nok,5\nx,nan\n", ":3: guidance must be a finite number, not nan"),
+    (
+        "NaN guidance (JSONL)",
+        "p.jsonl",
+        b'{"prompt": "ok"}\n{"prompt": "x", "guidance": NaN}\n',
+        ":2: guidance must be a finite number, not nan",
+    ),
+    (
+        "100 kB prompt",
+        "p.csv",
+        b"prompt\nok\n" + b"a" * 100_000 + b"\n",
+        ":3: prompt is 100000 characters long (at most 4000)",
+    ),
+    ("NUL byte", "p.csv", b"prompt\nok\na\x00b\n", ":3: row contains a NUL byte"),
+    ("broken UTF-8", "p.csv", b"prompt\nok\ncaf\xe9\n", ":3: prompt is not valid UTF-8"),
+    ("ragged row", "p.csv", b"prompt,seed\nok,1\nx,2,3\n", ":3: row has 3 fields but the header has 2"),
+    ("JSONL non-object", "p.jsonl", b'{"prompt": "ok"}\n[1, 2]\n', ":2: expected a JSON object, got list"),
+    ("JSONL broken JSON", "p.jsonl", b'{"prompt": "ok"}\n{"prompt": \n', ":2: not valid JSON"),
+    (
+        "duplicate id, other content",
+        "p.csv",
+        b"id,prompt\na,cat\na,dog\n",
+        ":3: id 'a' is also on line 2 with other content",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "filename", "data", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_message_and_enqueues_nothing(env, conn, tmp_path, name, filename, data, message):
+    path = tmp_path / filename
+    path.write_bytes(data)
+    result = producer("enqueue", path, *TINY_FLAGS, "--output", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert f"error: {path}{message}" in result.output
+    assert "Traceback" not in result.output
+    assert conn.dbsize() == 0, "something was enqueued"
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,180 @@
+"""Faults with real processes against a real redis-server: SIGKILL mid-job, SIGTERM warm and
+cold, Redis restarting under running workers. After each: every image exists exactly once,
+opens, has one metadata line, and no temp file is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import ROOT, TINY_FLAGS, RedisServer, free_port, images_under, producer, start_worker, wait_for
+from PIL import Image
+from rq.job import Job
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from common.queues import get_queue
+
+#: long enough per job (about 4 s on 2 CPU cores) that a signal lands mid-denoising
+SLOW = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "60")
+
+
+def enqueue(tmp_path: Path, rows: int, chunk: int, flags: tuple[str, ...]) -> Path:
+    path = tmp_path / "prompts.csv"
+    path.write_text("prompt\n" + "".join(f"fault test prompt {i}\n" for i in range(rows)))
+    output = tmp_path / "out"
+    result = producer("enqueue", path, *flags, "--chunk-size", str(chunk), "--output", output)
+    assert result.exit_code == 0, result.output
+    return output
+
+
+def running_job(conn: redis.Redis, worker: str, min_step: int = 2) -> Job | None:
+    """The job ``worker`` is denoising (at least ``min_step`` steps in), if any."""
+    for job_id in StartedJobRegistry("diffq", connection=conn).get_job_ids(cleanup=False):
+        job = Job.fetch(job_id, connection=conn, serializer=JSONSerializer)
+        if job.worker_name == worker and (job.meta.get("step") or 0) >= min_step:
+            return job
+    return None
+
+
+def assert_exactly_once(output: Path, expected: int) -> None:
+    images = images_under(output)
+    assert len(images) == expected
+    for path in images:
+        with Image.open(path) as image:
+            image.load()  # a half-written PNG would fail here
+    assert not [p for p in output.rglob("*") if p.name.endswith(".tmp")]
+    lines = (output / "metadata.jsonl").read_text().splitlines()
+    files = [json.loads(line)["file"] for line in lines]
+    assert sorted(files) == sorted(str(p.relative_to(output)) for p in images)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout)
+
+
+def test_sigkill_mid_job_goes_to_the_other_worker_within_90s(env, conn, tmp_path):
+    output = enqueue(tmp_path, 8, 2, SLOW)
+    a = start_worker(env, tmp_path / "a.log", "--name", "A")
+    b = start_worker(env, tmp_path / "b.log", "--name", "B")
+    try:
+        victim = wait_for(lambda: running_job(conn, "A"), 60, "worker A to be denoising a job")
+        a.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        a.wait(10)
+
+        finished = FinishedJobRegistry("diffq", connection=conn)
+        wait_for(lambda: finished.count == 4, 150, "all 4 jobs to finish after the kill", interval=0.5)
+        job = Job.fetch(victim.id, connection=conn, serializer=JSONSerializer)
+        recovery_s = job.ended_at.timestamp() - killed_at
+        print(f"job {job.id} finished by {job.worker_name} {recovery_s:.1f}s after the SIGKILL")
+        assert job.worker_name == "B"
+        assert job.meta["abandoned"] == 1
+        assert recovery_s < 90
+        assert_exactly_once(output, 8)
+        assert stop(b) == 0
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_sigterm_finishes_the_current_job_takes_no_new_one_and_exits_0(env, conn, tmp_path):
+    output = enqueue(tmp_path, 6, 2, SLOW)
+    worker = start_worker(env, tmp_path / "w.log", "--name", "W")
+    try:
+        current = wait_for(lambda: running_job(conn, "W"), 60, "the worker to be denoising")
+        assert stop(worker, signal.SIGTERM) == 0
+        assert Job.fetch(current.id, connection=conn, serializer=JSONSerializer).get_status() == "finished"
+        assert get_queue("diffq", conn).count == 2  # the other two jobs were not taken
+        assert len(images_under(output)) == 2
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn, tmp_path):
+    output = enqueue(tmp_path, 6, 2, (*SLOW, "--max-retries", "2"))
+    worker = start_worker(env, tmp_path / "w.log", "--name", "W")
+    try:
+        current = wait_for(lambda: running_job(conn, "W"), 60, "the worker to be denoising")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(1.5)  # the same signal twice within a second counts once
+        sent = time.monotonic()
+        assert stop(worker, signal.SIGTERM, timeout=20) == 1
+        assert time.monotonic() - sent < 10
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    queue = get_queue("diffq", conn)
+    job = Job.fetch(current.id, connection=conn, serializer=JSONSerializer)
+    assert queue.job_ids[0] == current.id
+    assert job.get_status() == "queued"
+    assert job.retries_left == 2  # not counted as a failure
+    assert StartedJobRegistry("diffq", connection=conn).count == 0
+    assert "Traceback" not in (tmp_path / "w.log").read_text()
+
+    drain = subprocess.run(
+        [sys.executable, "-m", "worker", "run", "--burst", "--device", "cpu"],
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+        capture_output=True,
+    )
+    assert drain.returncode == 0
+    assert_exactly_once(output, 6)
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path):
+    server = RedisServer(free_port(), tmp_path / "redis-aof", extra=("--appendonly", "yes", "--appendfsync", "always"))
+    server.dir.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_redis_restart_loses_nothing_and_workers_and_wait_reconnect(env, aof_redis, tmp_path):
+    env = {**env, "REDIS_URL": aof_redis.url}
+    os.environ["REDIS_URL"] = aof_redis.url  # the in-process producer
+    conn = redis.Redis.from_url(aof_redis.url)
+    output = enqueue(tmp_path, 8, 1, (*TINY_FLAGS[:6], "--steps", "30"))
+    workers = [start_worker(env, tmp_path / f"w{i}.log", "--name", f"W{i}") for i in range(2)]
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "producer", "wait", "--timeout", "240"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        finished = FinishedJobRegistry("diffq", connection=conn)
+        wait_for(lambda: finished.count >= 1, 90, "a first job to finish")
+        assert finished.count < 8, "too fast to restart Redis mid-run"
+        aof_redis.stop()
+        time.sleep(3)
+        assert all(w.poll() is None for w in workers), "a worker died while Redis was down"
+        aof_redis.start()
+        out, _ = waiter.communicate(timeout=240)
+        assert waiter.returncode == 0, out
+        assert "drained" in out
+        assert finished.count == 8
+        assert_exactly_once(output, 8)
+        assert all(w.poll() is None for w in workers), "a worker died after Redis came back"
+        assert [stop(w) for w in workers] == [0, 0]
+        logs = "".join((tmp_path / f"w{i}.log").read_text() for i in range(2))
+        assert "Redis unreachable" in logs or "could not connect to Redis" in logs
+    finally:
+        for proc in (*workers, waiter):
+            if proc.poll() is None:
+                proc.kill()
