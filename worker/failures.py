@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import TracebackType
 
+from rq.exceptions import DeserializationError
 from rq.job import Job
 
 from common.errors import DiffqError, InvalidJobSpec, PermanentJobError
@@ -25,6 +26,8 @@ class Failure:
 def classify(exc: BaseException) -> Failure:
     if isinstance(exc, PermanentJobError | InvalidJobSpec):
         return Failure(True, str(exc))
+    if isinstance(exc, DeserializationError):
+        return Failure(True, "payload is not a diffq JSON job (rejected unread; only JSON jobs run)")
     if isinstance(exc, DiffqError):
         return Failure(False, str(exc))
     lines = str(exc).strip().splitlines()
