@@ -121,7 +121,9 @@ def enqueue(file: Path, **opts: Any) -> None:
     report = Enqueuer(conn, settings.queue, options).enqueue(file, defaults, on_row=bar.update)
     bar.close()
     click.echo(
-        f"{report.new_items} new, {report.known_items} already queued or done"
+        f"{report.new_items} new"
+        + (f" ({report.missing_images} done earlier but missing on disk)" if report.missing_images else "")
+        + f", {report.known_items} already queued or done"
         + (f", {report.failed_items} failed earlier (producer retry-failed)" if report.failed_items else "")
         + f": enqueued {report.jobs} job(s), {report.images} image(s) on queue {settings.queue!r} "
         f"at {redact(settings.redis_url)}; images go to {output}"

@@ -19,7 +19,7 @@ from rq.job import Job
 
 from common.errors import InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
-from common.naming import item_key, job_id
+from common.naming import image_path, item_key, job_id
 from common.queues import DONE, TASK_FUNC, get_queue, items_key
 from producer.reader import Row, RowDefaults, RowError, read_rows
 
@@ -44,6 +44,7 @@ class EnqueueReport:
     new_items: int = 0
     known_items: int = 0
     failed_items: int = 0
+    missing_images: int = 0
     jobs: int = 0
     images: int = 0
 
@@ -115,6 +116,8 @@ class Enqueuer:
         self.options = options
         self.report = EnqueueReport()
         self._ready: list[tuple[GenParams, list[tuple[str, PromptItem]]]] = []
+        self._output = Path(options.output)
+        self._output_visible = self._output.is_dir()
 
     def classify(self, batch: list[tuple[str, Row]]) -> list[tuple[str, Row]]:
         """Return the items of ``batch`` that are neither queued, running, failed nor done."""
@@ -135,13 +138,24 @@ class Enqueuer:
                 continue
             seen.add(key)
             state = states[key]
-            if state is None or (state != DONE.encode() and statuses.get(state.decode()) is None):
+            if state == DONE.encode() and self._images_missing(key, row):
+                self.report.missing_images += 1
+                fresh.append((key, row))
+            elif state is None or (state != DONE.encode() and statuses.get(state.decode()) is None):
                 fresh.append((key, row))
             elif state != DONE.encode() and statuses.get(state.decode()) == b"failed":
                 self.report.failed_items += 1
             else:
                 self.report.known_items += 1
         return fresh
+
+    def _images_missing(self, key: str, row: Row) -> bool:
+        """Done means recorded in Redis *and* on disk: an image deleted since is made again.
+        Checked only where the output folder is visible from here (a producer on another
+        host than the workers trusts Redis)."""
+        if not self._output_visible:
+            return False
+        return not all(image_path(self._output, key, i).exists() for i in range(row.item.num_images))
 
     def enqueue(self, path: Path, defaults: RowDefaults, on_row: Callable[[int], None] | None = None) -> EnqueueReport:
         rows = (r for r in read_rows(path, defaults) if isinstance(r, Row))

@@ -1,0 +1,47 @@
+"""Re-running the producer on the same file after a partial run enqueues only what is neither
+done nor queued, so a crashed campaign resumes by running the same command again."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import TINY_FLAGS, images_under, producer, run_worker, write_csv
+from rq.registry import FinishedJobRegistry
+
+from common.queues import get_queue
+
+
+def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_path):
+    path = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"resume prompt {i}\n" for i in range(8)))
+    out = tmp_path / "out"
+    args = ("enqueue", path, *TINY_FLAGS, "--chunk-size", "2", "--output", out)
+    assert producer(*args).exit_code == 0
+
+    # a partial run: one worker does 2 of the 4 jobs and stops
+    assert run_worker(env, "--max-jobs", "2").returncode == 0
+    assert len(images_under(out)) == 4
+    queue = get_queue("diffq", conn)
+    assert queue.count == 2
+
+    # same command again: the 4 done and the 4 still queued are all skipped
+    again = producer(*args)
+    assert again.exit_code == 0
+    assert "0 new, 8 already queued or done: enqueued 0 job(s)" in again.output
+
+    # the queue is lost (flushed by hand, a Redis without persistence, ...) and one image deleted
+    queue.empty()
+    images_under(out)[0].unlink()
+    resumed = producer(*args)
+    assert resumed.exit_code == 0, resumed.output
+    assert "5 new (1 done earlier but missing on disk), 3 already queued or done" in resumed.output
+
+    assert run_worker(env).returncode == 0
+    assert len(images_under(out)) == 8
+    records = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+    files = {r["file"] for r in records}
+    assert files == {str(p.relative_to(out)) for p in images_under(out)}
+    assert len(records) == 9  # the remade image has a second line; the last line of a file wins
+    assert FinishedJobRegistry("diffq", connection=conn).count >= 5
+
+    final = producer(*args)
+    assert "0 new, 8 already queued or done" in final.output
