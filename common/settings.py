@@ -21,6 +21,7 @@ ENV_NAMES: dict[str, str] = {
     "redis_url": "REDIS_URL",
     "queue": "DIFFQ_QUEUE",
     "output": "DIFFQ_OUTPUT",
+    "output_root": "DIFFQ_OUTPUT_ROOT",
     "model": "DIFFQ_MODEL",
     "cache_dir": "DIFFQ_CACHE",
     "device": "DIFFQ_DEVICE",
@@ -45,6 +46,8 @@ class Settings:
     redis_url: str = "redis://localhost:6379/0"
     queue: str = "diffq"
     output: str = "out"
+    #: workers refuse jobs whose output folder is not under this one (empty: any folder)
+    output_root: str = ""
     model: str = DEFAULT_MODEL
     cache_dir: str = str(Path.home() / ".cache" / "diffq")
     device: str = "auto"

@@ -33,6 +33,7 @@ class RedisServer:
     dir: Path
     proc: subprocess.Popen | None = None
     extra: tuple[str, ...] = ()
+    password: str | None = None
 
     @property
     def url(self) -> str:
@@ -46,7 +47,7 @@ class RedisServer:
             )
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", ""]
         self.proc = subprocess.Popen([*args, *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
         for _ in range(100):
             try:
                 client.ping()

@@ -46,11 +46,17 @@ def write_atomic(path: Path, data: bytes) -> None:
             tmp.unlink()
 
 
-def prepare_output(output: str | Path) -> Path:
-    """Create the output folder (or fail at once with a reason the user can act on)."""
+def prepare_output(output: str | Path, allowed_root: str = "") -> Path:
+    """Create the output folder (or fail at once with a reason the user can act on).
+
+    A job names its own output folder, so whoever can write to Redis could point workers at
+    any folder they can write; ``DIFFQ_OUTPUT_ROOT`` confines them to one tree.
+    """
     root = Path(output)
     if not root.is_absolute():
         raise OutputNotWritable(f"output folder {str(output)!r} is not an absolute path")
+    if allowed_root and not root.resolve().is_relative_to(Path(allowed_root).resolve()):
+        raise OutputNotWritable(f"output folder {str(output)!r} is outside DIFFQ_OUTPUT_ROOT={allowed_root}; refused")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".diffq-write-test.{os.getpid()}"

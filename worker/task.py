@@ -88,7 +88,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
 
     # 1. Validate the payload: it came from Redis, so it is untrusted
     chunk = JobSpec.from_dict(spec)
-    output = prepare_output(chunk.output)
+    output = prepare_output(chunk.output, rt.settings.output_root)
     attempt = 1
     if job is not None:
         attempt = job.meta["attempts"] = int(job.meta.get("attempts", 0)) + 1
