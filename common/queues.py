@@ -20,6 +20,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
@@ -86,9 +87,21 @@ def connect(url: str, *, check: bool = True, retries: int = PATIENCE_COMMAND) ->
     return conn
 
 
-def get_queue(name: str, conn: redis.Redis) -> Queue:
-    """The RQ queue ``name``, always with the JSON serializer: a job payload can never be pickle."""
-    return Queue(name, connection=conn, serializer=JSONSerializer)
+class LeanJob(Job):
+    """A job saved without RQ's empty placeholder fields (``started_at: ''``, ``worker_name: ''``
+    and six more). In Redis's hashtable encoding each costs about 60 bytes, a quarter of
+    a queued job's memory; RQ reads a missing field exactly as an empty one. Used only to
+    create jobs: once a worker saves a job, RQ's ordinary ``Job`` writes every field again,
+    so no stale value can hide behind a dropped one."""
+
+    def to_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {k: v for k, v in super().to_dict(*args, **kwargs).items() if v != ""}
+
+
+def get_queue(name: str, conn: redis.Redis, *, lean: bool = False) -> Queue:
+    """The RQ queue ``name``, always with the JSON serializer: a job payload can never be pickle.
+    ``lean`` for the producer: jobs are created as :class:`LeanJob`."""
+    return Queue(name, connection=conn, serializer=JSONSerializer, job_class=LeanJob if lean else Job)
 
 
 def items_key(queue: str) -> str:

@@ -111,7 +111,7 @@ class Enqueuer:
 
     def __init__(self, conn: redis.Redis, queue_name: str, options: EnqueueOptions) -> None:
         self.conn = conn
-        self.queue: Queue = get_queue(queue_name, conn)
+        self.queue: Queue = get_queue(queue_name, conn, lean=True)
         self.items_key = items_key(queue_name)
         self.options = options
         self.report = EnqueueReport()
@@ -194,7 +194,6 @@ class Enqueuer:
                         retry=Retry(max=self.options.max_retries, interval=list(self.options.retry_intervals))
                         if self.options.max_retries
                         else None,
-                        meta={"prompts": len(keys), "images": spec.num_images},
                     )
                 )
                 pipe.hset(self.items_key, mapping=dict.fromkeys(keys, jid))
