@@ -28,6 +28,8 @@ ENV_NAMES: dict[str, str] = {
     "dtype": "DIFFQ_DTYPE",
     "speedups": "DIFFQ_SPEEDUPS",
     "gpu_label": "DIFFQ_GPU",
+    "gpu_lease": "DIFFQ_GPU_LEASE",
+    "lease_scope": "DIFFQ_LEASE_SCOPE",
     "chunk_size": "DIFFQ_CHUNK_SIZE",
     "job_timeout": "DIFFQ_JOB_TIMEOUT",
     "max_retries": "DIFFQ_MAX_RETRIES",
@@ -54,6 +56,10 @@ class Settings:
     dtype: str = "auto"
     speedups: str = "auto"
     gpu_label: str = ""
+    #: lease one GPU of these (``all`` or ``0,1,2,3``) in Redis instead of being pinned from outside
+    gpu_lease: str = ""
+    #: the host name leases are scoped by (default: /etc/machine-id, else the hostname)
+    lease_scope: str = ""
     chunk_size: int = 8
     job_timeout: int = 3600
     max_retries: int = 3

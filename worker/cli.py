@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from typing import Any
 
@@ -50,6 +52,10 @@ def run_options(func: Any) -> Any:
 @run_options
 @click.option("--device", help="auto, cpu or cuda [env DIFFQ_DEVICE; default auto].")
 @click.option("--name", help="Worker name shown in rq-dashboard [default diffq-gpu<N>-<host>-<pid>].")
+@click.option(
+    "--gpu-lease",
+    help="Take one free GPU of these (all, or 0,1,2,3) by a lease in Redis; for compose --scale [DIFFQ_GPU_LEASE].",
+)
 def run(**opts: Any) -> None:
     """Run one worker in this process (no fork per job; the pipeline stays warm)."""
     try:
@@ -60,17 +66,39 @@ def run(**opts: Any) -> None:
             dtype=opts["dtype"],
             cache_dir=opts["cache_dir"],
             speedups=opts["speedups"],
+            gpu_lease=opts["gpu_lease"],
         )
-        _run(settings, opts)
+        lease = None
+        # until RQ installs its handlers, SIGTERM must still unwind (and release the lease)
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+        if settings.gpu_lease:
+            settings, lease = _lease_gpu(settings)
+        try:
+            _run(settings, opts, lease)
+        finally:
+            if lease is not None:
+                lease.release()
     except DiffqError as exc:
         _fail(exc)
 
 
-def _run(settings: Settings, opts: dict[str, Any]) -> None:
+def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
+    """Lease a GPU and pin this process to it, before anything imports torch."""
+    from worker.lease import GpuLease, candidates, lease_scope
+
+    logging.basicConfig(level=settings.log_level, format=_log_format("lease"))
+    conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
+    lease = GpuLease(conn, lease_scope(settings.lease_scope), candidates(settings.gpu_lease))
+    index = lease.acquire()
+    os.environ["CUDA_VISIBLE_DEVICES"] = index
+    return settings.with_(gpu_label=index), lease
+
+
+def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     # torch and diffusers are imported here, after the launcher has set CUDA_VISIBLE_DEVICES
     from worker import runtime
     from worker.pipelines import PipelineCache
-    from worker.rqworker import DiffqWorker, worker_name
+    from worker.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
 
     pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
     if settings.gpu_label == "-":
@@ -79,7 +107,7 @@ def _run(settings: Settings, opts: dict[str, Any]) -> None:
     log = logging.getLogger("diffq.worker")
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)
-    worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name)
+    worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name, lease=lease)
     runtime.install(runtime.Runtime(settings, pipelines, keepalive=worker.keepalive, worker_name=name))
     log.info(
         "worker %s serving queue %r at %s on %s (%s, speedups %s)",
@@ -99,6 +127,8 @@ def _run(settings: Settings, opts: dict[str, Any]) -> None:
         log_format=_log_format(settings.gpu_label),
         with_scheduler=True,
     )
+    if worker.lease_lost:
+        sys.exit(EXIT_LEASE_LOST)
 
 
 @main.command()

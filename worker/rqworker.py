@@ -36,12 +36,15 @@ from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
 from worker.failures import record_failure
+from worker.lease import GpuLease
 from worker.recovery import HEARTBEAT_TTL_S, KEEPALIVE_INTERVAL_S, REAP_INTERVAL_S, requeue_abandoned
 
 log = logging.getLogger("diffq.worker")
 
 #: exit status after a cold (second-signal) stop
 EXIT_COLD = 1
+#: exit status when this worker's GPU lease was taken by another (the supervisor restarts it)
+EXIT_LEASE_LOST = 3
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
 
@@ -66,6 +69,8 @@ class DiffqWorker(SimpleWorker):
         kwargs.setdefault("exception_handlers", [record_failure])
         kwargs.setdefault("worker_ttl", WORKER_TTL_S)
         kwargs.setdefault("job_monitoring_interval", int(KEEPALIVE_INTERVAL_S))
+        self.lease: GpuLease | None = kwargs.pop("lease", None)
+        self.lease_lost = False
         super().__init__(*args, **kwargs)
         self._running: Job | None = None
         self._cold = False
@@ -95,6 +100,10 @@ class DiffqWorker(SimpleWorker):
                 job = self._running
                 if job is not None and self.execution is not None:
                     self.maintain_heartbeats(job)
+                if self.lease is not None and not self.lease_lost and not self.lease.renew():
+                    self.lease_lost = True
+                    self._stop_requested = True
+                    log.error("GPU lease %s was taken by another worker; stopping after this job", self.lease.index)
                 if time.monotonic() - last_reap >= REAP_INTERVAL_S:
                     last_reap = time.monotonic()
                     for queue in self.queues:
@@ -139,6 +148,10 @@ class DiffqWorker(SimpleWorker):
         self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
     ) -> None:
         if not self._cold:
+            # the one-line reason first: rq-dashboard shows this text as the job's exception
+            reason = job.meta.get("error")
+            if reason and exc_string:
+                exc_string = f"{reason}\n\n{exc_string}"
             super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
             return
         with self.connection.pipeline() as pipe:

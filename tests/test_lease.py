@@ -1,0 +1,77 @@
+"""GPU leases (worker/lease.py), the part of `compose up --scale worker=N` that runs outside
+Docker: real worker processes against a real Redis never hold the same GPU, extra replicas
+wait, and a SIGKILLed holder's GPU is taken over once its lease expires."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from conftest import start_worker, wait_for
+from rq import Worker
+
+from common.errors import ConfigError
+from worker.lease import LEASE_TTL_S, GpuLease, candidates, lease_key
+
+
+def holders(conn) -> dict[str, str]:
+    return {k.decode().rsplit(":", 1)[1]: conn.get(k).decode() for k in conn.keys("diffq:gpu-lease:testhost:*")}
+
+
+def test_candidates():
+    assert candidates("0,1,3") == ["0", "1", "3"]
+    assert candidates("all", count_gpus=2) == ["0", "1"]
+    for bad in ("0,0", "a", ""):
+        with pytest.raises(ConfigError, match="--gpu-lease"):
+            candidates(bad)
+    with pytest.raises(ConfigError, match="nvidia-smi lists no GPU"):
+        candidates("all", count_gpus=0)
+
+
+def test_a_lease_is_exclusive_renewable_and_released(conn):
+    first = GpuLease(conn, "h", ["0", "1"])
+    second = GpuLease(conn, "h", ["0", "1"])
+    assert (first.try_acquire(), second.try_acquire(), GpuLease(conn, "h", ["0", "1"]).try_acquire()) == (
+        "0",
+        "1",
+        None,
+    )
+    assert 0 < conn.ttl(lease_key("h", "0")) <= LEASE_TTL_S
+    assert first.renew()
+    conn.set(lease_key("h", "1"), "someone else")
+    assert not second.renew()  # taken over: the worker stops after its job
+    first.release()
+    assert conn.get(lease_key("h", "0")) is None
+
+
+def test_scaled_workers_get_distinct_gpus_and_a_dead_holders_gpu_is_freed(env, conn, tmp_path):
+    env = {**env, "DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0,1"}
+    procs = [start_worker(env, tmp_path / f"w{i}.log") for i in range(3)]
+    try:
+        leased = wait_for(lambda: len(holders(conn)) == 2 and holders(conn), 60, "two leases")
+        time.sleep(3)
+        assert len(holders(conn)) == 2
+        names = wait_for(lambda: len(Worker.all(connection=conn)) == 2 and Worker.all(connection=conn), 60, "2 workers")
+        assert sorted(n.name.split("-")[1] for n in names) == ["gpu0", "gpu1"]
+        logs = [(tmp_path / f"w{i}.log").read_text() for i in range(3)]
+        waiting = [i for i, log in enumerate(logs) if "are leased; waiting" in log]
+        assert len(waiting) == 1
+
+        victim = next(i for i in range(3) if i not in waiting and f":{procs[i].pid}:" in leased["0"])
+        procs[victim].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(
+            lambda: f":{procs[waiting[0]].pid}:" in (holders(conn).get("0") or ""),
+            LEASE_TTL_S + 30,
+            "the waiting worker to take GPU 0",
+        )
+        print(f"GPU 0 taken over {time.monotonic() - killed:.1f}s after its holder was killed")
+        assert f":{procs[3 - victim - waiting[0]].pid}:" in holders(conn)["1"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
+    assert holders(conn) == {}  # a stopped worker releases its lease
