@@ -1,0 +1,297 @@
+"""compose.yaml, the Dockerfile and .env.example, checked without a container engine: parse
+them, and run the very commands they run (interpolated from .env.example) against a real
+redis-server started with the compose file's own Redis command. The rq-dashboard service's
+command is started for real and its JSON endpoints are read."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, TINY_FLAGS, free_port, images_under, wait_for, write_csv
+
+from common.settings import ENV_NAMES, Settings
+
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+ENV_EXAMPLE = (ROOT / ".env.example").read_text()
+#: the project's console scripts (producer, worker, rq-dashboard) live next to this Python
+SCRIPTS_PATH = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
+
+
+def dotenv(text: str) -> dict[str, str]:
+    """The active NAME=value lines of an env file."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#") and "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} (and $$ for a literal $)."""
+
+    def sub(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if env.get(name):
+            return env[name]
+        if op == "?":
+            raise AssertionError(f"compose would stop: {arg}")
+        return arg if op == "-" else ""
+
+    return VAR.sub(sub, value).replace("$$", "$")
+
+
+def command(service: str, env: dict[str, str]) -> list[str]:
+    spec = SERVICES[service]
+    entry = spec.get("entrypoint") or []
+    cmd = spec.get("command") or []
+    cmd = shlex.split(cmd) if isinstance(cmd, str) else cmd
+    return [interpolate(str(part), env) for part in [*entry, *cmd]]
+
+
+def service_env(service: str, env: dict[str, str]) -> dict[str, str]:
+    return {k: interpolate(str(v), env) for k, v in (SERVICES[service].get("environment") or {}).items()}
+
+
+# -- static checks -----------------------------------------------------------------------------
+
+
+def test_every_setting_is_in_env_example_with_its_default():
+    defaults = Settings()
+    for f in fields(Settings):
+        name, default = ENV_NAMES[f.name], getattr(defaults, f.name)
+        if f.name == "cache_dir":
+            default = "~/.cache/diffq"
+        assert re.search(rf"^#? ?{name}={re.escape(str(default))}$", ENV_EXAMPLE, re.M), name
+
+
+def test_every_compose_variable_is_in_env_example():
+    used = set(VAR.findall((ROOT / "compose.yaml").read_text()))
+    listed = set(re.findall(r"^#? ?([A-Z0-9_]+)=", ENV_EXAMPLE, re.M))
+    assert {name for name, _, _ in used} <= listed
+
+
+def test_redis_is_persistent_password_protected_and_health_checked():
+    redis = SERVICES["redis"]
+    cmd = " ".join(map(str, redis["command"]))
+    assert "--appendonly yes" in cmd and "--appendfsync everysec" in cmd
+    assert "--requirepass ${REDIS_PASSWORD:?" in cmd
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert "ping" in " ".join(redis["healthcheck"]["test"])
+    assert "ports" not in redis  # reachable from the services only
+
+
+def test_dashboard_is_on_localhost_only_with_basic_auth():
+    dash = SERVICES["dashboard"]
+    assert dash["ports"] and all(str(p).startswith("127.0.0.1:") for p in dash["ports"])
+    env = dash["environment"]
+    assert env["RQ_DASHBOARD_USERNAME"].startswith("${") and env["RQ_DASHBOARD_PASSWORD"].startswith("${")
+    assert ":?" in env["RQ_DASHBOARD_PASSWORD"]  # compose refuses to start without a password
+    assert "--json" in dash["command"]
+
+
+def test_workers_lease_gpus_and_stop_warm():
+    worker = SERVICES["worker"]
+    assert worker["command"][:4] == ["worker", "run", "--gpu-lease", "all"]
+    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "/etc/machine-id:/etc/machine-id:ro" in worker["volumes"]
+    assert worker["stop_grace_period"] == "5m"
+    assert worker["restart"] == "unless-stopped"
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def test_dockerfile_is_pinned_non_root_and_keeps_secrets_out():
+    steps = dockerfile()
+    base = next(arg for op, arg in steps if op == "FROM")
+    assert ":" in base and not base.endswith(":latest")
+    users = [arg for op, arg in steps if op == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    ops = [op for op, _ in steps]
+    assert ops.index("USER") < ops.index("CMD")
+    for op, arg in steps:
+        if op == "RUN" and "pip install" in arg:
+            assert "==" in arg or "-c docker/constraints.txt" in arg, arg
+        assert "HF_TOKEN" not in arg or op not in ("ENV", "ARG"), "the token must come from the environment"
+        if op == "COPY":
+            for src in arg.split()[:-1]:
+                assert (ROOT / src).exists(), f"COPY {src}: no such path"
+    pins = [line for line in (ROOT / "docker/constraints.txt").read_text().splitlines() if line and line[0] != "#"]
+    assert pins and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", p) for p in pins)
+    assert any(op == "VOLUME" and "/cache" in arg for op, arg in steps)
+
+
+def test_dockerfile_cmd_is_a_real_command_with_valid_flags():
+    cmd = json.loads(next(arg for op, arg in dockerfile() if op == "CMD"))
+    env = {**os.environ, "PATH": SCRIPTS_PATH}
+    result = subprocess.run([*cmd, "--help"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+# -- the services' commands, run for real ------------------------------------------------------
+
+
+@pytest.fixture
+def stack(tmp_path: Path, cache_dir: Path):
+    """The compose Redis command on a free port, plus the environment the services would see."""
+    values = dotenv(ENV_EXAMPLE) | {"DIFFQ_MODEL": "tiny"}
+    port = free_port()
+    redis_cmd = command("redis", values)
+    assert redis_cmd[0] == "redis-server"
+    proc = subprocess.Popen(
+        [*redis_cmd, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL
+    )
+    url = f"redis://:{values['REDIS_PASSWORD']}@127.0.0.1:{port}/0"
+    import redis as redis_py
+
+    conn = redis_py.Redis.from_url(url)
+    wait_for(lambda: _pings(conn), 10, "the compose Redis command to answer")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"  # the container would see 2 GPUs; here a stand-in lists them
+    smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in (UUID: GPU-0)'\necho 'GPU 1: stand-in (UUID: GPU-1)'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    env = {
+        **os.environ,
+        **values,
+        "PATH": f"{bindir}:{SCRIPTS_PATH}",
+        "DIFFQ_CACHE": str(cache_dir),
+        "DIFFQ_LEASE_SCOPE": "compose-test",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("DIFFQ_QUEUE", None)
+    yield {"url": url, "conn": conn, "env": env, "values": values, "dir": tmp_path}
+    proc.terminate()
+    proc.wait(10)
+
+
+def _pings(conn) -> bool:
+    try:
+        return bool(conn.ping())
+    except Exception:
+        return False
+
+
+def test_compose_redis_command_persists_and_requires_the_password(stack):
+    import redis as redis_py
+
+    assert (stack["dir"] / "appendonlydir").is_dir()
+    with pytest.raises(redis_py.AuthenticationError):
+        redis_py.Redis(port=stack["conn"].connection_pool.connection_kwargs["port"]).ping()
+
+
+def get_json(url: str, auth: tuple[str, str] | None) -> object:
+    request = urllib.request.Request(url)
+    if auth:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tmp_path):
+    env, values, url = stack["env"], stack["values"], stack["url"]
+    out = tmp_path / "out"
+    prompts = write_csv(tmp_path / "p.csv", "prompt,adapter\na lighthouse at dusk,\na broken one,/nonexistent/dora\n")
+
+    # producer service: its entrypoint, with `enqueue` as `docker compose run producer enqueue` would
+    producer_env = {**env, **service_env("producer", values)}
+    assert producer_env["REDIS_URL"].endswith("@redis:6379/0")
+    producer_env["REDIS_URL"] = url  # the service name `redis` resolves only inside compose
+    base = command("producer", values)[:1]
+    enqueue = [*base, "enqueue", str(prompts), *TINY_FLAGS, "--output", str(out)]
+    done = subprocess.run(enqueue, env=producer_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    # worker service: its command, in burst mode
+    worker_env = {**env, **service_env("worker", values), "REDIS_URL": url}
+    worker = subprocess.run(
+        [*command("worker", values), "--burst"], env=worker_env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "leased GPU 0 of host compose-test" in worker.stderr
+    assert len(images_under(out)) == 1
+
+    # the producer service's default command: status
+    status = subprocess.run(
+        command("producer", values), env=producer_env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert status.returncode == 0 and "finished  1" in status.stdout and "failed    1" in status.stdout
+
+    # a live worker for the dashboard to list (named after its leased GPU)
+    live = subprocess.Popen(command("worker", values), env=worker_env, cwd=ROOT, stderr=subprocess.PIPE)
+    dash_env = {**env, **service_env("dashboard", values)}
+    dash_env["RQ_DASHBOARD_REDIS_URL"] = url
+    port = free_port()
+    dash_cmd = command("dashboard", values)
+    dash_cmd[dash_cmd.index("--port") + 1] = str(port)
+    dash_cmd[dash_cmd.index("--bind") + 1] = "127.0.0.1"
+    dash = subprocess.Popen(dash_cmd, env=dash_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        auth = (values["DASHBOARD_USER"], values["DASHBOARD_PASSWORD"])
+        root = f"http://127.0.0.1:{port}/0/data"
+        wait_for(lambda: _answers(f"{root}/queues.json"), 30, "rq-dashboard to answer")
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            get_json(f"{root}/queues.json", None)
+        assert denied.value.code == 401
+
+        queues = {q["name"]: q for q in get_json(f"{root}/queues.json", auth)["queues"]}
+        assert queues["diffq"]["count"] == 0
+        assert queues["diffq"]["failed_job_registry_count"] == 1
+        assert queues["diffq"]["finished_job_registry_count"] == 1
+
+        def workers() -> list[dict]:
+            return get_json(f"{root}/workers.json", auth)["workers"]
+
+        listed = wait_for(lambda: [w for w in workers() if w["name"].startswith("diffq-gpu")], 60, "the live worker")
+        assert listed[0]["name"].startswith("diffq-gpu0-") and listed[0]["queues"] == ["diffq"]
+
+        failed = get_json(f"{root}/jobs/diffq/failed/10/asc/1.json", auth)["jobs"]
+        assert len(failed) == 1
+        job = failed[0]
+        reason = job["exc_info"].splitlines()[0]  # the one-line reason comes first
+        assert "/nonexistent/dora" in reason and "Traceback" not in reason
+        assert job["description"].startswith("'a broken one' · 1 img · 64x64")
+        info = get_json(f"{root}/job/{job['id']}.json", auth)
+        meta = json.loads(info["metadata"])
+        assert "/nonexistent/dora" in meta["error"] and "\n" not in meta["error"]
+
+        finished = get_json(f"{root}/jobs/diffq/finished/10/asc/1.json", auth)["jobs"]
+        assert len(finished) == 1
+        assert finished[0]["description"].startswith("'a lighthouse at dusk' · 1 img · 64x64 · 3 steps")
+    finally:
+        for proc in (dash, live):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (dash, live):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except urllib.error.HTTPError:
+        return True  # 401 without credentials: it is up
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        time.sleep(0.2)
+        return False
+    return True
