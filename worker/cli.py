@@ -125,7 +125,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         max_jobs=opts["max_jobs"],
         logging_level=settings.log_level,
         log_format=_log_format(settings.gpu_label),
-        with_scheduler=True,
+        with_scheduler=False,  # the keeper thread moves due retries; no child process to orphan
     )
     if worker.lease_lost:
         sys.exit(EXIT_LEASE_LOST)

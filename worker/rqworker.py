@@ -14,6 +14,8 @@ load, a 30-step batch at 1024²). Three things are added here:
 - Ctrl-C / SIGTERM: finish the current job, take no new one, exit 0. A second signal stops
   at once (exit 1) and puts the interrupted job back at the front of its queue without
   using one of its retries.
+- RQ's scheduler runs in a child process that outlives a SIGKILLed worker; instead the keeper
+  moves retries that are due from the scheduled registry back to the queue.
 - ``--burst`` does not quit while jobs of its queues wait in the scheduled registry for a
   retry backoff: a burst run ends when the work is done, not when the list is momentarily empty.
 """
@@ -104,6 +106,7 @@ class DiffqWorker(SimpleWorker):
                     self.lease_lost = True
                     self._stop_requested = True
                     log.error("GPU lease %s was taken by another worker; stopping after this job", self.lease.index)
+                self._enqueue_due_retries()
                 if time.monotonic() - last_reap >= REAP_INTERVAL_S:
                     last_reap = time.monotonic()
                     for queue in self.queues:
