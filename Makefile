@@ -12,6 +12,9 @@ install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+	@command -v openssl >/dev/null || { \
+	  echo "installing openssl from Debian's packages (the TLS test makes a certificate)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openssl >/dev/null; }
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
