@@ -8,13 +8,12 @@ import pickle
 import re
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
 import pytest
 import redis
-from conftest import TINY_FLAGS, RedisServer, free_port, images_under, producer, run_worker, write_csv
+from conftest import TINY_FLAGS, RedisServer, free_port, images_under, producer, run_worker, wait_for, write_csv
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
@@ -176,16 +175,17 @@ def tls_redis(tmp_path: Path):
         stdout=subprocess.DEVNULL,
     )
     url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    wait_for(lambda: _pings(redis.Redis.from_url(url)), 10, "the TLS redis-server to answer")
     yield url
     proc.terminate()
     proc.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
 
 
 def test_rediss_url_is_accepted_end_to_end(env, tls_redis, tmp_path, monkeypatch):

@@ -108,7 +108,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)
     worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name, lease=lease)
-    runtime.install(runtime.Runtime(settings, pipelines, keepalive=worker.keepalive, worker_name=name))
+    runtime.install(runtime.Runtime(settings, pipelines, worker_name=name))
     log.info(
         "worker %s serving queue %r at %s on %s (%s, speedups %s)",
         name,

@@ -114,9 +114,6 @@ class DiffqWorker(SimpleWorker):
             except Exception as exc:  # the keeper must outlive Redis hiccups
                 log.debug("keeper: %s: %s", exc.__class__.__name__, exc)
 
-    def keepalive(self) -> None:
-        """Kept for the step callback's sake; the keeper thread does the renewing."""
-
     def clean_registries(self) -> None:
         for queue in self.queues:
             requeue_abandoned(queue)

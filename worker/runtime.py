@@ -1,29 +1,23 @@
-"""What a running job can reach of the worker that runs it: settings, warm pipelines, and a
-keep-alive hook for heartbeats.
+"""What a running job can reach of the worker that runs it: settings, warm pipelines, and the
+batch sizes that fitted in memory (heartbeats come from the worker's keeper thread).
 
 RQ calls our task as a plain function, so the worker installs this before its first job.
 A task run by some other RQ worker (``rq worker`` with our queue) still works: it gets a
-runtime built from the environment, without heartbeats from inside the job.
+runtime built from the environment, and no diffq heartbeats or dead-worker recovery.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.settings import Settings
 from worker.pipelines import PipelineCache
 
 
-def _nothing() -> None:
-    return None
-
-
 @dataclass
 class Runtime:
     settings: Settings
     pipelines: PipelineCache
-    keepalive: Callable[[], None] = field(default=_nothing)
     worker_name: str = ""
     #: largest batch that fitted in memory, by (model, width, height), learnt from OOM splits
     batch_limits: dict[tuple[str, int, int], int] = field(default_factory=dict)

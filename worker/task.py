@@ -127,7 +127,6 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
 
         # 4. Run the chunk as one batch, one seed per image
         def on_step(step: int, steps: int) -> None:
-            rt.keepalive()
             progress.update(step=step, steps=steps)
 
         if rt.settings.fault_oom_above >= 0:
