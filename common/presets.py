@@ -13,6 +13,7 @@ DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
 MODEL_PRESETS: dict[str, str] = {
     "tiny": "small SDXL-architecture pipeline with random weights (CPU tests and the demo)",
     "sdxl-random": "full SDXL-base architecture with random weights (GPU benchmarks; same FLOPs)",
+    "flux-random": "FLUX.1-dev architecture (12 B DiT, T5-XXL) with random weights (xDiT group benchmarks)",
 }
 
 #: Built-in adapters, resolved by the worker to a folder in its cache.

@@ -44,6 +44,8 @@ def run_batch(
     seeds: list[int],
     on_step: Callable[[int, int], None] | None = None,
 ) -> BatchResult:
+    if is_flux(pipe):
+        return _run_flux_batch(pipe, params, prompts, seeds, on_step)
     device = pipe._execution_device
     cfg = params.guidance > 1.0
 
@@ -91,6 +93,53 @@ def run_batch(
     )
 
 
+def is_flux(pipe: Any) -> bool:
+    """FLUX pipelines (diffusers' or xDiT's wrapper of one) take no negative prompt and decode themselves."""
+    return "Flux" in type(pipe).__name__
+
+
+def _run_flux_batch(
+    pipe: Any,
+    params: GenParams,
+    prompts: list[str],
+    seeds: list[int],
+    on_step: Callable[[int, int], None] | None,
+) -> BatchResult:
+    """FLUX.1-dev is guidance-distilled: ``guidance`` is an input of the transformer, not a second
+    pass, and there is no negative prompt. Prompts are encoded here and passed as embeddings so
+    that xDiT's data parallel does not split the batch a second time.
+
+    Under xDiT only the ranks that hold the result get images; the others get an empty list."""
+    device = pipe._execution_device
+    started = time.perf_counter()
+    embeds, pooled, _text_ids = pipe.encode_prompt(
+        prompt=prompts, prompt_2=None, device=device, num_images_per_prompt=1, max_sequence_length=512
+    )
+    _sync(device)
+    encoded = time.perf_counter()
+
+    def callback(_pipe: Any, step: int, _timestep: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if on_step:
+            on_step(step + 1, params.steps)
+        return kwargs
+
+    out = pipe(
+        prompt_embeds=embeds,
+        pooled_prompt_embeds=pooled,
+        width=params.width,
+        height=params.height,
+        num_inference_steps=params.steps,
+        guidance_scale=params.guidance,
+        generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
+        callback_on_step_end=callback,
+        output_type="pil",
+    )
+    _sync(device)
+    finished = time.perf_counter()
+    images = list(out.images) if out is not None and out.images is not None else []
+    return BatchResult(images=images, encode_s=encoded - started, denoise_s=finished - encoded, decode_s=0.0)
+
+
 def is_oom(exc: BaseException) -> bool:
     """CUDA's out-of-memory, whichever way this torch version spells it."""
     return isinstance(exc, torch.OutOfMemoryError) or (
@@ -106,6 +155,7 @@ def run_split(
     seeds: list[int],
     max_batch: int,
     on_step: Callable[[int, int], None] | None = None,
+    run: Callable[..., BatchResult] = run_batch,
 ) -> tuple[BatchResult, int]:
     """:func:`run_batch` in batches of at most ``max_batch``, halving a batch that runs out of
     memory until one image at a time; returns the merged result and the batch size that fit.
@@ -119,7 +169,7 @@ def run_split(
     while parts:
         part = parts.pop(0)
         try:
-            result = run_batch(
+            result = run(
                 pipe,
                 params,
                 prompts=[prompts[i] for i in part],

@@ -1,5 +1,6 @@
 """Building the preset models: ``tiny`` (written to disk, then loaded like any model),
-``sdxl-random`` (full SDXL-base architecture, random weights, built on the device), and the
+``sdxl-random`` (full SDXL-base architecture, random weights, built on the device),
+``flux-random`` (the FLUX.1-dev architecture, random weights: the DiT for xDiT groups) and the
 ``tiny-dora`` adapter.
 
 Nothing here downloads anything. The tokenizer is a byte-level CLIP tokenizer we write
@@ -195,6 +196,120 @@ def build_sdxl(
 def sdxl_random(device: str | torch.device, dtype: torch.dtype):
     """Full SDXL-base architecture (2.57 B-parameter UNet) with random weights: real FLOPs, no download."""
     return build_sdxl(SDXL_UNET, SDXL_VAE, SDXL_TEXT, SDXL_TEXT_2, vocab_size=SDXL_VOCAB, device=device, dtype=dtype)
+
+
+# FLUX.1-dev: a 12 B-parameter MMDiT (19 double + 38 single blocks, 24 heads of 128), CLIP-L for
+# the pooled text, T5-XXL (4.7 B) for the sequence, and a 16-channel VAE.
+FLUX_TRANSFORMER: dict[str, Any] = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": True,
+    "axes_dims_rope": (16, 56, 56),
+}
+FLUX_VAE: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "block_out_channels": (128, 256, 512, 512),
+    "layers_per_block": 2,
+    "latent_channels": 16,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
+FLUX_CLIP: dict[str, Any] = SDXL_TEXT | {"hidden_act": "quick_gelu"}
+FLUX_T5: dict[str, Any] = {
+    "d_model": 4096,
+    "d_ff": 10240,
+    "d_kv": 64,
+    "num_layers": 24,
+    "num_heads": 64,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+}
+FLUX_T5_VOCAB = 32128
+FLUX_SCHEDULER: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+
+def build_flux(
+    transformer: dict[str, Any],
+    vae: dict[str, Any],
+    clip: dict[str, Any],
+    t5: dict[str, Any],
+    *,
+    t5_vocab: int | None,
+    clip_vocab: int | None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = TINY_SEED,
+):
+    """A FLUX pipeline of the given architecture with random weights, built on ``device`` directly
+    in ``dtype`` (the full model is 17 B parameters: building it in fp32 first would need 68 GB)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    clip_tokenizer = byte_tokenizer(clip_vocab)
+    t5_tokenizer = byte_tokenizer(t5_vocab)
+    t5_tokenizer.model_max_length = 512
+    ids = {
+        "vocab_size": len(clip_tokenizer),
+        "bos_token_id": clip_tokenizer.bos_token_id,
+        "eos_token_id": clip_tokenizer.eos_token_id,
+        "pad_token_id": clip_tokenizer.pad_token_id,
+        "max_position_embeddings": 77,
+    }
+    t5_ids = {"vocab_size": len(t5_tokenizer), "pad_token_id": t5_tokenizer.pad_token_id, "decoder_start_token_id": 0}
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            parts = {
+                "transformer": FluxTransformer2DModel(**transformer),
+                "vae": AutoencoderKL(**vae),
+                "text_encoder": CLIPTextModel(CLIPTextConfig(**clip, **ids)),
+                "text_encoder_2": T5EncoderModel(T5Config(**t5, **t5_ids)),
+            }
+    finally:
+        torch.set_default_dtype(default)
+    parts = {name: module.eval() for name, module in parts.items()}
+    return FluxPipeline(
+        **parts,
+        tokenizer=clip_tokenizer,
+        tokenizer_2=t5_tokenizer,
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER),
+    )
+
+
+def flux_random(device: str | torch.device, dtype: torch.dtype):
+    """The FLUX.1-dev architecture (12 B transformer, T5-XXL) with random weights: real FLOPs, no download."""
+    return build_flux(
+        FLUX_TRANSFORMER,
+        FLUX_VAE,
+        FLUX_CLIP,
+        FLUX_T5,
+        t5_vocab=FLUX_T5_VOCAB,
+        clip_vocab=SDXL_VOCAB,
+        device=device,
+        dtype=dtype,
+    )
 
 
 def _write_once(target: Path, write: Any) -> Path:

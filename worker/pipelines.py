@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ from diffusers.utils import logging as diffusers_logging
 from transformers.utils import logging as transformers_logging
 
 from common.errors import AdapterNotFound, ModelLoadError
+from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from worker import models
+from worker.generate import BatchResult, run_split
 from worker.speedups import Speedups
 from worker.speedups import apply as apply_speedups
 
@@ -105,10 +108,12 @@ class PipelineCache:
             torch.cuda.empty_cache()
 
     def _load(self, model: str) -> Any:
-        from diffusers import StableDiffusionXLPipeline
+        from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionXLPipeline
 
         if model == "sdxl-random":
             return models.sdxl_random(self.device, self.dtype)
+        if model == "flux-random":
+            return models.flux_random(self.device, torch.bfloat16 if self.device.type == "cuda" else self.dtype)
         source: str | Path = model
         if model == "tiny":
             source = models.ensure_tiny(self.cache_dir)
@@ -116,18 +121,37 @@ class PipelineCache:
         try:
             if self.dtype == torch.float16 and not Path(source).exists():
                 try:
-                    pipe = StableDiffusionXLPipeline.from_pretrained(source, variant="fp16", **kwargs)
+                    pipe = DiffusionPipeline.from_pretrained(source, variant="fp16", **kwargs)
                 except (OSError, ValueError):
-                    pipe = StableDiffusionXLPipeline.from_pretrained(source, **kwargs)
+                    pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
             else:
-                pipe = StableDiffusionXLPipeline.from_pretrained(source, **kwargs)
+                pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
         except Exception as exc:  # diffusers raises OSError, ValueError, HF hub errors...
             presets = ", ".join(MODEL_PRESETS)
             raise ModelLoadError(
                 f"model {model!r} cannot be loaded: {_first_line(exc)} "
                 f"(use a hub id, a local diffusers folder, or a preset: {presets})"
             ) from exc
+        if not isinstance(pipe, StableDiffusionXLPipeline | FluxPipeline):
+            raise ModelLoadError(
+                f"model {model!r} is a {type(pipe).__name__}; diffq runs SDXL and FLUX pipelines "
+                "(StableDiffusionXLPipeline, FluxPipeline)"
+            )
         return pipe.to(self.device)
+
+    def generate(
+        self,
+        loaded: LoadedPipeline,
+        params: GenParams,
+        prompts: list[str],
+        negatives: list[str],
+        seeds: list[int],
+        max_batch: int,
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> tuple[BatchResult, int]:
+        """A job's images from this process's pipeline; an xDiT group's rank 0 overrides this to
+        spread the same call over every rank (see :mod:`worker.group`)."""
+        return run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch=max_batch, on_step=on_step)
 
     def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
         """Make ``adapter`` (or none) active at ``scale``; load it the first time it is named."""

@@ -76,6 +76,8 @@ class DiffqWorker(SimpleWorker):
         super().__init__(*args, **kwargs)
         self._running: Job | None = None
         self._cold = False
+        self._cold_code = EXIT_COLD
+        self._cold_reason = ""
         self._keeper_stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
@@ -128,7 +130,7 @@ class DiffqWorker(SimpleWorker):
         finally:
             self._running = None
         if self._cold:
-            raise ColdShutdown(EXIT_COLD)
+            raise ColdShutdown(self._cold_code)
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         # the same signal delivered twice within a second (launcher + terminal) counts once
@@ -157,7 +159,7 @@ class DiffqWorker(SimpleWorker):
         with self.connection.pipeline() as pipe:
             self.cleanup_execution(job, pipeline=pipe)
             pipe.execute()
-        job.meta["error"] = f"interrupted by a cold shutdown of {self.name}; re-queued"
+        job.meta["error"] = self._cold_reason or f"interrupted by a cold shutdown of {self.name}; re-queued"
         job.save_meta()
         queue.enqueue_job(job, at_front=True)
         self.log.warning("Worker %s: job %s re-queued at the front", self.name, job.id)

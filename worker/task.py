@@ -24,7 +24,6 @@ from common.naming import image_path, image_relpath, item_key
 from common.queues import DONE, RECENT_WINDOW_S, images_key, items_key, recent_key
 from worker import runtime
 from worker.faults import fail_early_attempts, install_oom_fault
-from worker.generate import run_split
 from worker.images import (
     append_metadata,
     png_bytes,
@@ -133,8 +132,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             install_oom_fault(loaded.pipe, rt.settings.fault_oom_above)
         shape = (chunk.params.model, chunk.params.width, chunk.params.height)
         limit = rt.batch_limits.get(shape, len(todo))
-        result, fitted = run_split(
-            loaded.pipe,
+        result, fitted = rt.pipelines.generate(
+            loaded,
             chunk.params,
             prompts=[item.prompt for _, item, _ in todo],
             negatives=[item.negative_prompt for _, item, _ in todo],

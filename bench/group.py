@@ -1,0 +1,140 @@
+"""Bare latency of one group's parallel pipeline, under torchrun, without Redis.
+
+Every rank builds the same :class:`worker.group.engine.RankEngine` the group worker uses (so
+the split is the real one: our CFG parallel for SDXL, xDiT's Ulysses/ring for FLUX) and calls
+its ``run`` in lockstep; rank 0 times each call between barriers. One JSON line per batch size
+goes to ``--out``; rank 0 also saves the first image as ``--save`` (for equality checks) and
+compares it with ``--compare`` when given.
+
+    torchrun --nproc-per-node 4 bench/group.py --model flux-random --ulysses-degree 4 --out g.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="flux-random")
+    ap.add_argument("--ulysses-degree", type=int, default=1)
+    ap.add_argument("--ring-degree", type=int, default=1)
+    ap.add_argument("--pipefusion-degree", type=int, default=1)
+    ap.add_argument("--cfg-parallel", action="store_true")
+    ap.add_argument("--data-parallel-degree", type=int, default=1)
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--save", help="rank 0 writes the first image of batch 1 here (.npy)")
+    ap.add_argument("--compare", help="a .npy image to compare the first image with")
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    from common.settings import Settings
+    from worker.group.comm import init_world, local_rank
+    from worker.group.config import GroupLayout
+    from worker.group.engine import RankEngine
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local_rank())
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    layout = GroupLayout(
+        ulysses_degree=args.ulysses_degree,
+        ring_degree=args.ring_degree,
+        pipefusion_degree=args.pipefusion_degree,
+        cfg_parallel=args.cfg_parallel,
+        data_parallel_degree=args.data_parallel_degree,
+        timeout_s=600,
+    )
+    layout.check_world(world)
+    init_world("nccl" if cuda else "gloo", 600)
+    engine = RankEngine(Settings.load(), layout, rank, world)
+    started = time.perf_counter()
+    engine.load(args.model)
+    dist.barrier()
+    engine.split()
+    load_s = time.perf_counter() - started
+    import numpy as np
+
+    for batch in [int(b) for b in args.batches.split(",")]:
+        work = {
+            "params": {"model": args.model, "width": args.size, "height": args.size, "steps": args.steps,
+                       "guidance": args.guidance, "adapter": None, "adapter_scale": 1.0},
+            "prompts": [f"benchmark prompt {i}, a red fox in snow" for i in range(batch)],
+            "negatives": [""] * batch,
+            "seeds": [1000 + i for i in range(batch)],
+            "max_batch": batch,
+        }  # fmt: skip
+        times: list[float] = []
+        answer = None
+        for run in range(args.runs + 1):  # the first call warms up kernels and is not counted
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            answer = engine.run(work)
+            sync()
+            dist.barrier()
+            if run:
+                times.append(time.perf_counter() - t0)
+            if answer.error:
+                raise SystemExit(answer.error)
+        holder_images = answer.images if answer is not None else None
+        record = {
+            "t": round(time.time(), 1),
+            "kind": "group-bare",
+            "label": args.label,
+            "model": args.model,
+            "gpus": world,
+            "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+            "layout": layout.arithmetic(),
+            "batch": batch,
+            "steps": args.steps,
+            "size": args.size,
+            "s_per_call": round(min(times), 4),
+            "calls": [round(t, 4) for t in times],
+            "s_per_img": round(min(times) / batch, 4),
+            "load_s": round(load_s, 1),
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            "torch": torch.__version__,
+        }
+        # the image lives on the rank that holds it; bring the first one to rank 0
+        box = [holder_images[0] if holder_images else None]
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(box[0], gathered, dst=0)
+        if rank == 0:
+            first = next((g for g in gathered or [] if g is not None), None)
+            if first is not None:
+                record["image_finite_mean"] = round(float(np.asarray(first, dtype=np.float64).mean()), 2)
+                if batch == 1 and args.save:
+                    np.save(args.save, first)
+                if batch == 1 and args.compare and Path(args.compare).exists():
+                    ref = np.load(args.compare).astype(np.int16)
+                    diff = np.abs(ref - np.asarray(first, dtype=np.int16))
+                    record["max_pixel_diff_255"] = int(diff.max())
+                    record["max_pixel_diff"] = round(int(diff.max()) / 255, 4)
+                    record["mean_pixel_diff_255"] = round(float(diff.mean()), 3)
+            print(json.dumps(record), flush=True)
+            with open(args.out, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

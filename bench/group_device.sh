@@ -1,0 +1,26 @@
+# xDiT group benchmarks on a lent multi-GPU machine; source bench/device_setup.sh first.
+#   bash bench/group_device.sh sdxl   # SDXL: 1 GPU vs our 2-GPU CFG parallel, batch 1 and 4
+#   bash bench/group_device.sh flux   # FLUX.1 architecture: 1 and 2 GPUs (Ulysses)
+#   bash bench/group_device.sh flux8  # FLUX: 4 and 8 GPUs, then the group through the queue
+# Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
+set -u
+R=$OUT/group.jsonl
+TR="python3 -m torch.distributed.run --standalone"
+F="--model flux-random --steps 28 --guidance 3.5"
+S="--model sdxl-random --steps 30 --guidance 5.0"
+case "$1" in
+sdxl)
+  timeout 110 $TR --nproc-per-node 1 bench/group.py $S --batches 1,4 --save /tmp/sdxl1.npy --out $R --label sdxl-1gpu > $OUT/sdxl1.log 2>&1
+  timeout 110 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1,4 --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2 > $OUT/sdxl2.log 2>&1
+  ;;
+flux)
+  timeout 170 $TR --nproc-per-node 1 bench/group.py $F --runs 1 --save /tmp/flux1.npy --out $R --label flux-1gpu > $OUT/flux1.log 2>&1
+  timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --compare /tmp/flux1.npy --out $R --label flux-u2 > $OUT/flux2.log 2>&1
+  ;;
+flux8)
+  timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --compare /tmp/flux1.npy --out $R --label flux-u4 > $OUT/flux4.log 2>&1
+  timeout 120 $TR --nproc-per-node 8 bench/group.py $F --ulysses-degree 8 --compare /tmp/flux1.npy --out $R --label flux-u8 > $OUT/flux8.log 2>&1
+  timeout 150 python3 bench/group_queue.py --gpus 8 $F --degrees "--ulysses-degree 8" --jobs 5 --out $R > $OUT/queue8.log 2>&1
+  ;;
+esac
+cat $R

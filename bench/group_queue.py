@@ -1,0 +1,91 @@
+"""A group through the queue: producer CLI → Redis → ``torchrun -m worker.group --burst`` → PNGs.
+
+Enqueues ``--jobs`` one-image jobs, runs the group until the queue is empty, and reads each
+job's duration from RQ's own timestamps (``started_at`` → ``ended_at``: claim, broadcast, the
+parallel pipeline, images back to rank 0, PNG write, Redis bookkeeping). The first job pays
+warm-up and is reported apart. Compare with ``bench/group.py``'s bare latency in the same call.
+
+    python3 bench/group_queue.py --gpus 4 --model flux-random --degrees "--ulysses-degree 4" --out q.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from rq.job import Job
+from rq.registry import FinishedJobRegistry
+from rq.serializers import JSONSerializer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--model", default="flux-random")
+    ap.add_argument("--degrees", default="")
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--work", default="/tmp/group-queue")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6390/0"))
+    args = ap.parse_args()
+
+    conn = redis.Redis.from_url(args.redis_url)
+    conn.flushdb()
+    queue = f"group{args.gpus}"
+    out_dir = Path(args.work) / queue
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    csv = Path(args.work) / f"{queue}.csv"
+    csv.write_text("prompt\n" + "".join(f'"queue prompt {i}, a red fox in snow"\n' for i in range(args.jobs)))
+    env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue, "PYTHONUNBUFFERED": "1"}
+    enqueue = [sys.executable, "-m", "producer", "enqueue", str(csv), "--model", args.model, "--chunk-size", "1",
+               "--steps", str(args.steps), "--guidance", str(args.guidance), "--output", str(out_dir)]  # fmt: skip
+    subprocess.run(enqueue, env=env, cwd=ROOT, check=True)
+    started = time.time()
+    group = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus),
+             "-m", "worker.group", "--model", args.model, "--burst", *args.degrees.split()]  # fmt: skip
+    rc = subprocess.run(group, env=env, cwd=ROOT).returncode
+    wall = time.time() - started
+    jobs = [
+        Job.fetch(i, connection=conn, serializer=JSONSerializer)
+        for i in FinishedJobRegistry(queue, connection=conn).get_job_ids()
+    ]
+    jobs.sort(key=lambda j: j.started_at)
+    durations = [(j.ended_at - j.started_at).total_seconds() for j in jobs]
+    steady = durations[1:] or durations
+    gaps = [(b.started_at - a.ended_at).total_seconds() for a, b in itertools.pairwise(jobs)]
+    record = {
+        "t": round(time.time(), 1),
+        "kind": "group-queue",
+        "model": args.model,
+        "gpus": args.gpus,
+        "degrees": args.degrees,
+        "rc": rc,
+        "jobs": len(jobs),
+        "images": len(list(out_dir.rglob("*.png"))),
+        "first_job_s": round(durations[0], 3) if durations else None,
+        "job_s_median": round(statistics.median(steady), 4) if steady else None,
+        "job_s": [round(d, 4) for d in durations],
+        "gap_between_jobs_s": [round(g, 4) for g in gaps],
+        "wall_s": round(wall, 1),
+    }
+    print(json.dumps(record), flush=True)
+    with open(args.out, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""xDiT worker groups on the CPU: real torchrun, real gloo process groups, the tiny model, a
+real redis-server. xDiT itself needs CUDA, so these runs split work the ways that are ours
+(data parallel, SDXL CFG parallel); the protocol around them is the same on GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from conftest import ROOT, TINY_FLAGS, images_under, producer, run_worker, wait_for
+from PIL import Image
+from rq.job import Job
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from common.errors import ConfigError
+from worker.group.config import GroupLayout, dp_slice
+
+#: about 4 s a job on 2 CPU cores, so a kill or a signal lands mid-denoising
+SLOW = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "60")
+TIMEOUT_S = 10
+
+
+def torchrun(*args: str, ranks: int = 2, restarts: int = 0) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+        "--max-restarts", str(restarts), "-m", "worker.group", "--model", "tiny", "--device", "cpu",
+        "--timeout", str(TIMEOUT_S), *args,
+    ]  # fmt: skip
+
+
+def run_group(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(torchrun(*args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def start_group(env: dict[str, str], log: Path, *args: str, restarts: int = 0) -> subprocess.Popen[bytes]:
+    handle = open(log, "ab")  # noqa: SIM115 - the process owns it until it exits
+    return subprocess.Popen(
+        torchrun(*args, restarts=restarts), env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT
+    )
+
+
+def enqueue(tmp_path: Path, prompts: list[str], flags: tuple[str, ...], *extra: str) -> Path:
+    path = tmp_path / "prompts.csv"
+    path.write_text("prompt\n" + "".join(f"{p}\n" for p in prompts))
+    output = tmp_path / "out"
+    result = producer("enqueue", path, *flags, "--output", output, *extra)
+    assert result.exit_code == 0, result.output
+    return output
+
+
+def assert_exactly_once(output: Path, expected: int) -> None:
+    images = images_under(output)
+    assert len(images) == expected
+    for path in images:
+        with Image.open(path) as image:
+            image.load()
+            assert image.text["prompt"]  # the same PNG text chunks as single-GPU workers
+    lines = (output / "metadata.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["file"] for line in lines) == sorted(str(p.relative_to(output)) for p in images)
+
+
+# -- the layout (pure logic) ------------------------------------------------------------------
+
+
+def test_layout_arithmetic_names_every_degree(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DIFFQ_ULYSSES_DEGREE", "DIFFQ_CFG_PARALLEL", "DIFFQ_DATA_PARALLEL_DEGREE"):
+        monkeypatch.delenv(name, raising=False)
+    layout = GroupLayout.load(ulysses_degree=2, ring_degree=2, cfg_parallel=True)
+    assert layout.size == 8
+    with pytest.raises(ConfigError) as err:
+        layout.check_world(4)
+    assert "ulysses 2 × ring 2 × pipefusion 1 × data-parallel 1 × cfg-parallel 2 = 8, not 4" in str(err.value)
+    GroupLayout.load(data_parallel_degree=4).check_world(4)
+
+
+def test_layout_from_environment_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIFFQ_ULYSSES_DEGREE", "4")
+    monkeypatch.setenv("DIFFQ_CFG_PARALLEL", "1")
+    assert GroupLayout.load().size == 8
+    assert GroupLayout.load(ulysses_degree=2).size == 4
+    monkeypatch.setenv("DIFFQ_RING_DEGREE", "two")
+    with pytest.raises(ConfigError, match="DIFFQ_RING_DEGREE='two' is not a whole number"):
+        GroupLayout.load()
+
+
+def test_dp_slices_cover_the_batch_once() -> None:
+    for batch in range(0, 10):
+        for degree in (1, 2, 3, 4):
+            covered = [i for d in range(degree) for i in dp_slice(batch, degree, d)]
+            assert covered == list(range(batch))
+
+
+# -- real groups ------------------------------------------------------------------------------
+
+
+def test_bad_degrees_every_rank_exits_with_the_arithmetic(env: dict[str, str], conn: redis.Redis) -> None:
+    result = run_group(env, "--ulysses-degree", "4", timeout=60)
+    assert result.returncode != 0
+    line = (
+        "error: the degrees use 4 rank(s) but torchrun started 2: "
+        "ulysses 4 × ring 1 × pipefusion 1 × data-parallel 1 = 4, not 2"
+    )
+    assert result.stderr.count(line) == 1, result.stderr[-3000:]
+    assert "exitcode  : 2" in result.stderr  # both ranks, before loading anything
+    assert "loading model" not in result.stderr
+    assert conn.dbsize() == 0
+
+
+def test_two_rank_group_drains_the_queue(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:
+    prompts = [f"group prompt {i}" for i in range(7)]
+    output = enqueue(tmp_path, prompts, TINY_FLAGS, "--chunk-size", "3")
+    result = run_group(env, "--data-parallel-degree", "2", "--burst")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(output, 7)
+    finished = FinishedJobRegistry("diffq", connection=conn).get_job_ids()
+    assert len(finished) == 3
+    workers = {Job.fetch(i, connection=conn, serializer=JSONSerializer).worker_name for i in finished}
+    assert len(workers) == 1 and workers.pop().startswith("diffq-group-cpux2-")  # one worker in rq-dashboard
+    assert "rank 1: stop from rank 0 (exit 0)" in result.stderr
+    # a re-run of the same file adds nothing
+    again = producer("enqueue", tmp_path / "prompts.csv", *TINY_FLAGS, "--output", output)
+    assert "0 new" in again.output
+
+
+def test_cfg_parallel_image_equals_the_single_worker_image(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    prompts = ["a lighthouse at dusk", "two cats", "Straße im Regen"]
+    group_out = enqueue(tmp_path, prompts, TINY_FLAGS)
+    result = run_group(env, "--cfg-parallel", "--burst")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the same rows for a single-process worker, on a queue of its own
+    single_out = tmp_path / "single"
+    flags = (*TINY_FLAGS, "--output", single_out, "--queue", "single")
+    assert producer("enqueue", tmp_path / "prompts.csv", *flags).exit_code == 0
+    assert run_worker(env, "--queue", "single").returncode == 0
+    group_images = images_under(group_out)
+    assert len(group_images) == 3
+    worst = 0
+    for path in group_images:
+        other = single_out / path.relative_to(group_out)
+        a = np.asarray(Image.open(path), dtype=int)
+        b = np.asarray(Image.open(other), dtype=int)
+        worst = max(worst, int(np.abs(a - b).max()))
+    assert worst <= 2, f"max pixel difference {worst}/255"
+
+
+def test_error_on_rank_1_fails_that_job_and_the_group_goes_on(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    prompts = ["fine one", "this one will boom", "fine two"]
+    output = enqueue(tmp_path, prompts, TINY_FLAGS, "--chunk-size", "1", "--max-retries", "0")
+    result = subprocess.run(
+        torchrun("--data-parallel-degree", "2", "--burst"),
+        env={**env, "DIFFQ_FAULT_GROUP_RANK": "1:boom"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(output, 2)
+    failed = FailedJobRegistry("diffq", connection=conn).get_job_ids()
+    assert len(failed) == 1
+    job = Job.fetch(failed[0], connection=conn, serializer=JSONSerializer)
+    assert "boom" in job.kwargs["spec"]["items"][0]["prompt"]
+    assert job.meta["error"].startswith("rank 1: InjectedFault: injected fault on rank 1")
+    assert len(FinishedJobRegistry("diffq", connection=conn).get_job_ids()) == 2
+    status = producer("status")
+    assert "rank 1: InjectedFault" in status.output
+
+
+def _pid_of_rank(log: Path, rank: int) -> int | None:
+    match = re.search(rf"rank {rank} \(pid (\d+)\): loading model", log.read_text(errors="replace"))
+    return int(match.group(1)) if match else None
+
+
+def _running(conn: redis.Redis, min_step: int = 3) -> Job | None:
+    for job_id in StartedJobRegistry("diffq", connection=conn).get_job_ids(cleanup=False):
+        job = Job.fetch(job_id, connection=conn, serializer=JSONSerializer)
+        if (job.meta.get("step") or 0) >= min_step:
+            return job
+    return None
+
+
+def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    output = enqueue(tmp_path, [f"kill test {i}" for i in range(4)], SLOW, "--chunk-size", "2")
+    log = tmp_path / "group.log"
+    group = start_group(env, log, "--data-parallel-degree", "2", "--burst", restarts=1)
+    try:
+        rank1 = wait_for(lambda: _pid_of_rank(log, 1), 90, "rank 1 to start")
+        job = wait_for(lambda: _running(conn), 120, "a job to be denoising")
+        os.kill(rank1, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: "lost a rank" in log.read_text(errors="replace") or "left the group" in log.read_text(),
+                 TIMEOUT_S + 20, "rank 0 to notice")  # fmt: skip
+        noticed = time.monotonic() - killed
+        assert group.wait(timeout=240) == 0, log.read_text()[-4000:]
+    finally:
+        if group.poll() is None:
+            group.kill()
+    text = log.read_text()
+    assert noticed < TIMEOUT_S + 5, f"rank 0 noticed after {noticed:.1f}s"
+    assert f"a rank left the group during job {job.id}; re-queued, exiting" in text
+    assert_exactly_once(output, 4)
+    finished = Job.fetch(job.id, connection=conn, serializer=JSONSerializer)
+    assert finished.get_status() == "finished"
+    print(f"rank 0 noticed the dead rank {noticed:.1f}s after SIGKILL")
+
+
+def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:
+    enqueue(tmp_path, [f"sigterm test {i}" for i in range(4)], SLOW, "--chunk-size", "2")
+    log = tmp_path / "group.log"
+    group = start_group(env, log, "--data-parallel-degree", "2")
+    try:
+        job = wait_for(lambda: _running(conn), 120, "a job to be denoising")
+        group.send_signal(signal.SIGTERM)
+        group.wait(timeout=60)
+    finally:
+        if group.poll() is None:
+            group.kill()
+    text = log.read_text()
+    assert Job.fetch(job.id, connection=conn, serializer=JSONSerializer).get_status() == "finished", text[-3000:]
+    assert "rank 1: stop from rank 0 (exit 0)" in text
+    assert "re-queued" not in text
+    assert len(FinishedJobRegistry("diffq", connection=conn).get_job_ids()) == 1  # no new job taken
+    assert conn.llen("rq:queue:diffq") == 1

@@ -1,0 +1,3 @@
+from worker.group.cli import main
+
+main()

@@ -1,0 +1,229 @@
+"""``python -m worker.group``: one rank of an xDiT group, started by torchrun.
+
+    torchrun --nproc-per-node 4 -m worker.group --model flux-random --queue flux --ulysses-degree 4
+
+Start-up, in order: check the degrees against the world size (before any GPU or network work),
+join the process group, rank 0 checks Redis, every rank loads the model, all wait until all
+have loaded (a separate, long timeout: loads differ), the model is split, then rank 0 serves
+the queue and the others follow. Exit status: 0 done or stopped, 2 bad settings, 4 the group
+lost a rank (its job was re-queued; torchrun ``--max-restarts`` or compose restarts the group).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import click
+
+from common.errors import DiffqError
+from common.settings import Settings, redact
+from worker.group.config import DEFAULT_TIMEOUT_S, GroupLayout
+
+#: how long ranks wait for each other to finish loading the model (a cold hub download is slow)
+LOAD_TIMEOUT_S = 1800
+FAULT_RANK_ENV = "DIFFQ_FAULT_GROUP_RANK"
+
+log = logging.getLogger("diffq.group")
+
+
+def _rank() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _fail(exc: DiffqError, rank: int) -> None:
+    if rank == 0:  # every rank finds the same mistake; one line is enough
+        click.echo(f"error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--model", help="Model every rank loads: hub id, folder, or preset (flux-random, sdxl-random, tiny).")
+@click.option("--queue", help="Queue to serve [env DIFFQ_QUEUE; default diffq].")
+@click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL].")
+@click.option(
+    "--ulysses-degree",
+    "--ulysses_degree",
+    type=int,
+    help="Ulysses sequence parallel (DiT) [DIFFQ_ULYSSES_DEGREE].",
+)
+@click.option("--ring-degree", "--ring_degree", type=int, help="Ring sequence parallel (DiT) [DIFFQ_RING_DEGREE].")
+@click.option(
+    "--pipefusion-degree",
+    "--pipefusion-parallel-degree",
+    "--pipefusion_parallel_degree",
+    type=int,
+    help="PipeFusion patch pipeline (DiT) [DIFFQ_PIPEFUSION_DEGREE].",
+)
+@click.option(
+    "--cfg-parallel",
+    "--use_cfg_parallel",
+    is_flag=True,
+    default=None,
+    help="Split the CFG pass over 2 ranks (SDXL) [DIFFQ_CFG_PARALLEL=1].",
+)
+@click.option(
+    "--data-parallel-degree",
+    "--data_parallel_degree",
+    type=int,
+    help="Groups of ranks that each make part of a batch [DIFFQ_DATA_PARALLEL_DEGREE].",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=int,
+    help=f"Seconds a rank waits for the others, then exits [DIFFQ_GROUP_TIMEOUT; {DEFAULT_TIMEOUT_S}].",
+)
+@click.option("--dtype", help="auto (fp16 on CUDA; bf16 for flux-random), float32, float16, bfloat16 [DIFFQ_DTYPE].")
+@click.option("--device", help="auto (each rank's GPU, else CPU with gloo) or cpu [env DIFFQ_DEVICE].")
+@click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq].")
+@click.option("--name", help="Worker name in rq-dashboard [default diffq-group-<gpus>-<host>-<pid>].")
+@click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
+@click.option("--max-jobs", type=int, help="Exit after this many jobs.")
+def main(**opts: Any) -> None:
+    """One rank of an xDiT worker group (start N of them with torchrun)."""
+    rank, world = _rank()
+    try:
+        settings = Settings.load(
+            queue=opts["queue"],
+            redis_url=opts["redis_url"],
+            dtype=opts["dtype"],
+            cache_dir=opts["cache_dir"],
+            device=opts["device"],
+        )
+        layout = GroupLayout.load(
+            ulysses_degree=opts["ulysses_degree"],
+            ring_degree=opts["ring_degree"],
+            pipefusion_degree=opts["pipefusion_degree"],
+            cfg_parallel=opts["cfg_parallel"],
+            data_parallel_degree=opts["data_parallel_degree"],
+            timeout_s=opts["timeout_s"],
+        )
+        layout.check_world(world)
+    except DiffqError as exc:
+        _fail(exc, rank)
+    model = opts["model"] or os.environ.get("DIFFQ_MODEL") or settings.model
+    sys.exit(_serve(settings, layout, model, opts, rank, world))
+
+
+def _serve(settings: Settings, layout: GroupLayout, model: str, opts: dict[str, Any], rank: int, world: int) -> int:
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    logging.basicConfig(
+        level=settings.log_level, format=f"%(asctime)s group rank={rank}/{world} %(levelname)s %(message)s"
+    )
+    # until rank 0's RQ worker installs its handlers, a signal only asks for a stop after loading
+    stop_early: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop_early.append(signum))
+    conn = None
+    try:
+        if rank == 0:
+            from common.queues import PATIENCE_FOREVER, connect
+
+            conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
+
+        import torch
+
+        from worker.group.comm import Control, init_world, local_rank
+        from worker.group.engine import RankEngine
+
+        cuda = settings.device != "cpu" and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(local_rank())
+        init_world("nccl" if cuda else "gloo", layout.timeout_s)
+        control = Control(layout.timeout_s)
+        engine = RankEngine(settings, layout, rank, world)
+        fault = os.environ.get(FAULT_RANK_ENV, "")
+        if fault.partition(":")[0] == str(rank):
+            engine.fail_marker = fault.partition(":")[2] or "fail"
+        if rank == 0:
+            log.info("xDiT group of %d rank(s): %s; model %s", world, layout.describe(), model)
+        started = time.perf_counter()
+        log.info("rank %d (pid %d): loading model %s", rank, os.getpid(), model)
+        engine.load(model)
+        _wait_all_loaded(rank, world)
+        engine.split()
+        if rank == 0:
+            log.info("group ready in %.1fs", time.perf_counter() - started)
+    except DiffqError as exc:
+        _fail(exc, rank)
+        return exc.exit_code
+    if rank != 0:
+        from worker.group.follower import Follower
+
+        follower = Follower(engine, control)
+        follower.stop_asked = bool(stop_early)
+        signal.signal(signal.SIGTERM, follower.on_signal)
+        signal.signal(signal.SIGINT, follower.on_signal)
+        return _finish(follower.serve())
+    return _finish(_lead(settings, engine, control, conn, opts, gpus, world, bool(stop_early)))
+
+
+def _lead(
+    settings: Settings,
+    engine: Any,
+    control: Any,
+    conn: Any,
+    opts: dict[str, Any],
+    gpus: str,
+    world: int,
+    stop_early: bool,
+) -> int:
+    from common.queues import get_queue
+    from worker import runtime
+    from worker.group.leader import GroupPipelines, GroupWorker
+
+    group = GroupPipelines(engine, control)
+    host = socket.gethostname().split(".")[0]
+    label = f"gpu{gpus.replace(',', '+')}" if gpus else f"{engine.pipelines.device.type}x{world}"
+    name = opts["name"] or f"diffq-group-{label}-{host}-{os.getpid()}"
+    worker = GroupWorker([get_queue(settings.queue, conn)], connection=conn, name=name, group=group)
+    runtime.install(runtime.Runtime(settings, group, worker_name=name))  # type: ignore[arg-type]
+    log.info("worker %s serving queue %r at %s", name, settings.queue, redact(settings.redis_url))
+    code = 0
+    try:
+        if stop_early:
+            log.info("stop asked during start-up; exiting")
+        else:
+            worker.work(
+                burst=opts["burst"],
+                max_jobs=opts["max_jobs"],
+                logging_level=settings.log_level,
+                log_format=f"%(asctime)s group rank=0/{world} %(levelname)s %(message)s",
+                with_scheduler=False,
+            )
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    group.stop(code)
+    return code
+
+
+def _wait_all_loaded(rank: int, world: int) -> None:
+    """Ranks load at different speeds; wait on torchrun's store, not on a collective whose
+    timeout is the (short) group timeout."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    key = "loaded"  # under this run's and restart's prefix (see comm.init_world)
+    store.add(key, 1)
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    said = 0.0
+    while (done := store.add(key, 0)) < world:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: only {done} of {world} ranks loaded the model in {LOAD_TIMEOUT_S}s")
+        if rank == 0 and time.monotonic() - said > 30:
+            said = time.monotonic()
+            log.info("waiting for ranks to load the model: %d of %d ready", done, world)
+        time.sleep(0.2)
+
+
+def _finish(code: int) -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and code == 0:
+        dist.destroy_process_group()
+    return code

@@ -1,0 +1,111 @@
+"""The group's control plane: rank 0's commands to every rank, and every rank's answer back.
+
+It runs on its own gloo process group (CPU, TCP) with the group's timeout, apart from the
+NCCL groups xDiT computes on: a command or an answer is a small pickled object (images come
+back as uint8 arrays, 3 MB at 1024²), and gloo turns a dead or silent peer into an exception
+after ``timeout_s`` instead of a hang. Rank 0 is the only sender of commands; it pings every
+:data:`PING_INTERVAL_S` while idle, so a follower waiting for work never sits near the timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+#: seconds between rank 0's pings while the queue is empty
+PING_INTERVAL_S = 5.0
+
+
+class GroupLost(Exception):
+    """A peer died or did not answer within the timeout: the group cannot go on and exits."""
+
+
+@dataclass
+class Command:
+    kind: str  # "batch" | "ping" | "stop"
+    work: dict[str, Any] | None = None
+    exit_code: int = 0
+
+
+@dataclass
+class Answer:
+    rank: int
+    dp_rank: int = 0
+    images: list[Any] | None = None  # uint8 HxWx3 arrays, from the rank that holds its dp group's result
+    error: str | None = None  # "rank N: Class: first line" when this rank's part failed
+    permanent: bool = False
+    oom: bool = False
+    stop: bool = False  # this rank was asked to stop (SIGTERM)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def init_world(backend: str, timeout_s: float, store_timeout_s: float = 1800) -> None:
+    """The world process group of the ranks torchrun started.
+
+    Its keys live under a prefix of torchrun's run id and restart count: torchrun keeps one
+    store across ``--max-restarts``, and a restarted rank must not find the addresses its dead
+    predecessors published there (it would try to connect to them and fail)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "0"))
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        host,
+        port,
+        world,
+        is_master=not agent and rank == 0,
+        timeout=timedelta(seconds=store_timeout_s),
+        multi_tenant=True,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore(f"diffq/{run_id}/{attempt}/", store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+class Control:
+    def __init__(self, timeout_s: float) -> None:
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.timeout_s = timeout_s
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+    def broadcast(self, command: Command | None = None) -> Command:
+        """Rank 0 sends ``command``; every other rank waits for it and returns it."""
+        box = [command]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        except Exception as exc:  # gloo raises RuntimeError / DistBackendError on a dead or silent peer
+            raise GroupLost(_why(exc, self.timeout_s)) from None
+        return box[0]
+
+    def gather(self, answer: Answer) -> list[Answer]:
+        """Every rank's answer at rank 0 (others get an empty list)."""
+        out: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        try:
+            dist.gather_object(answer, out, dst=0, group=self.group)
+        except Exception as exc:
+            raise GroupLost(_why(exc, self.timeout_s)) from None
+        return list(out or [])
+
+
+def _why(exc: BaseException, timeout_s: float) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else exc.__class__.__name__
+    if "timed out" in first.lower() or "timeout" in first.lower():
+        return f"a rank did not answer within the group timeout ({timeout_s:g}s): {first[:200]}"
+    return f"a rank left the group: {first[:200]}"
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,0 +1,194 @@
+"""One rank's pipeline, and the part of each batch that rank computes.
+
+How an image is split, by model family:
+- SDXL: CFG parallel is ours. The UNet's batch is ``[unconditional; conditional]``; with
+  ``--cfg-parallel`` the two ranks of a pair each run one half and exchange their noise
+  predictions every step (an ``all_gather`` of B×4×H/8×W/8 values), so each UNet call costs
+  half. xDiT 0.7.0's SDXL wrapper calls the unchanged diffusers pipeline (its UNet is not
+  converted), which is why it measured slower on two GPUs than on one.
+- FLUX (a DiT): Ulysses / ring sequence parallel and PipeFusion are xDiT's: the pipeline is
+  wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the result to holds the images.
+- Data parallel is ours for both: data-parallel rank ``d`` makes the ``d``-th contiguous slice
+  of the batch (the same split as xDiT's), and prompts go in as embeddings so xDiT does not
+  split them a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.errors import ConfigError
+from common.jobspec import GenParams
+from common.settings import Settings
+from worker.faults import InjectedFault
+from worker.generate import BatchResult, is_flux, run_split
+from worker.group.comm import Answer
+from worker.group.config import GroupLayout, dp_slice
+from worker.pipelines import LoadedPipeline, PipelineCache
+
+log = logging.getLogger("diffq.group")
+
+
+class RankEngine:
+    def __init__(self, settings: Settings, layout: GroupLayout, rank: int, world: int) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.rank = rank
+        self.world = world
+        self.per_dp = world // layout.data_parallel_degree
+        self.dp_rank = rank // self.per_dp
+        self.holder = True  # whether this rank ends a batch with its dp group's images
+        self.pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
+        self.loaded: LoadedPipeline | None = None
+        self.fail_marker = ""  # tests: this rank raises on prompts containing it
+        self.cfg_group: Any = None
+        if layout.cfg_parallel:
+            # every rank creates every pair's group, in the same order, before anyone loads
+            pairs = [[d * 2, d * 2 + 1] for d in range(layout.data_parallel_degree)]
+            self.cfg_group = [dist.new_group(ranks) for ranks in pairs][self.dp_rank]
+
+    @property
+    def model(self) -> str:
+        return self.loaded.model if self.loaded else ""
+
+    def load(self, model: str) -> float:
+        """Load ``model``'s weights on this rank (ranks may take different times)."""
+        self.loaded, seconds = self.pipelines.get(model)
+        return seconds
+
+    def split(self) -> None:
+        """Split the loaded model as the layout says; every rank calls this together."""
+        loaded = self.loaded
+        assert loaded is not None
+        model = loaded.model
+        flux = is_flux(loaded.pipe)
+        family = "FLUX" if flux else "SDXL"
+        if not flux and self.layout.ulysses_degree * self.layout.ring_degree * self.layout.pipefusion_degree > 1:
+            raise ConfigError(
+                f"{model} is an SDXL (UNet) model: it splits with --cfg-parallel and --data-parallel-degree only; "
+                "--ulysses-degree, --ring-degree and --pipefusion-degree are for DiT models such as FLUX"
+            )
+        if flux and self.layout.cfg_parallel:
+            raise ConfigError(
+                f"{model} is a FLUX model: FLUX.1 is guidance-distilled and has no CFG pass to split; "
+                "drop --cfg-parallel and use --ulysses-degree / --ring-degree"
+            )
+        if flux and self.layout.model_parallel:
+            loaded.pipe = self._wrap_xdit(loaded.pipe, model)
+        elif self.layout.cfg_parallel:
+            self._split_cfg(loaded.pipe)
+        log.info(
+            "rank %d: %s model %s ready (dp rank %d, holds images: %s)",
+            self.rank,
+            family,
+            model,
+            self.dp_rank,
+            self.holder,
+        )
+
+    # -- the two ways an image is split ----------------------------------------------------
+
+    def _split_cfg(self, pipe: Any) -> None:
+        group = self.cfg_group
+        half = self.rank % 2
+        self.holder = half == 0
+        unet = pipe.unet
+        forward = unet.forward
+
+        def split_forward(
+            sample: torch.Tensor, timestep: Any, encoder_hidden_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> Any:
+            if not pipe.do_classifier_free_guidance:
+                return forward(sample, timestep, encoder_hidden_states, *args, **kwargs)
+            rows = sample.shape[0] // 2
+
+            def mine(value: Any) -> Any:
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == 2 * rows:
+                    return value[half * rows : (half + 1) * rows]
+                if isinstance(value, dict):
+                    return {k: mine(v) for k, v in value.items()}
+                return value
+
+            kwargs = {k: mine(v) for k, v in kwargs.items()}
+            kwargs["return_dict"] = False
+            out = forward(mine(sample), mine(timestep), mine(encoder_hidden_states), *args, **kwargs)[0]
+            both = [torch.empty_like(out) for _ in range(2)]
+            dist.all_gather(both, out.contiguous(), group=group)
+            return (torch.cat(both),)
+
+        unet.forward = split_forward
+
+    def _wrap_xdit(self, pipe: Any, model: str) -> Any:
+        try:
+            from xfuser import xFuserArgs, xFuserFluxPipeline
+            from xfuser.core.distributed import init_distributed_environment, is_dp_last_group
+        except ImportError as exc:
+            raise ConfigError(
+                f"--ulysses-degree / --ring-degree / --pipefusion-degree need xDiT: pip install xfuser==0.7.0 ({exc})"
+            ) from None
+        init_distributed_environment()  # xDiT's world group over the process group we made
+        args = xFuserArgs(
+            model=model,
+            ulysses_degree=self.layout.ulysses_degree,
+            ring_degree=self.layout.ring_degree,
+            pipefusion_parallel_degree=self.layout.pipefusion_degree,
+            use_cfg_parallel=False,
+            data_parallel_degree=self.layout.data_parallel_degree,
+        )
+        engine_config, _ = args.create_config()
+        engine_config.runtime_config.dtype = self.pipelines.dtype if pipe.dtype is None else pipe.dtype
+        wrapped = xFuserFluxPipeline(pipe, engine_config)
+        self.holder = bool(is_dp_last_group())
+        return wrapped
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def run(self, work: dict[str, Any], on_step: Callable[[int, int], None] | None = None) -> Answer:
+        """This rank's part of one batch; any exception becomes the answer's error, never a raise."""
+        answer = Answer(rank=self.rank, dp_rank=self.dp_rank)
+        try:
+            result = self._run(work, on_step)
+        except Exception as exc:
+            from worker.failures import classify
+            from worker.generate import is_oom
+
+            failure = classify(exc)
+            answer.error = f"rank {self.rank}: {failure.reason}"
+            answer.permanent = failure.permanent
+            answer.oom = is_oom(exc)
+            log.error("rank %d: batch failed: %s", self.rank, failure.reason)
+            return answer
+        if result is not None:
+            answer.timings = {"encode_s": result.encode_s, "denoise_s": result.denoise_s, "decode_s": result.decode_s}
+            if self.holder:
+                answer.images = [np.asarray(image) for image in result.images]
+        elif self.holder:
+            answer.images = []
+        return answer
+
+    def _run(self, work: dict[str, Any], on_step: Callable[[int, int], None] | None) -> BatchResult | None:
+        assert self.loaded is not None
+        params = GenParams(**work["params"])
+        prompts: list[str] = work["prompts"]
+        if self.fail_marker and any(self.fail_marker in p for p in prompts):
+            raise InjectedFault(f"injected fault on rank {self.rank} (DIFFQ_FAULT_GROUP_RANK)")
+        span = dp_slice(len(prompts), self.layout.data_parallel_degree, self.dp_rank)
+        if not span:
+            return None
+        self.pipelines.use_adapter(self.loaded, params.adapter, params.adapter_scale)
+        result, _fitted = run_split(
+            self.loaded.pipe,
+            params,
+            prompts=[prompts[i] for i in span],
+            negatives=[work["negatives"][i] for i in span],
+            seeds=[work["seeds"][i] for i in span],
+            max_batch=work["max_batch"],
+            on_step=on_step,
+        )
+        return result

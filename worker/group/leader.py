@@ -1,0 +1,182 @@
+"""Rank 0: the only rank that talks to Redis.
+
+It is an ordinary diffq RQ worker (heartbeats from the keeper thread, the job in the started
+registry, one worker in rq-dashboard) whose pipelines object spreads each batch over the
+group: the job function (:mod:`worker.task`) is the single-GPU one, so names, PNG metadata,
+``metadata.jsonl`` and the Redis bookkeeping are the same code, not a copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from rq import SimpleWorker
+from rq.job import Job
+from rq.queue import Queue
+
+from common.errors import DiffqError, ModelLoadError, PermanentJobError
+from common.jobspec import GenParams
+from worker.generate import BatchResult
+from worker.group.comm import PING_INTERVAL_S, Answer, Command, Control, GroupLost
+from worker.group.engine import RankEngine
+from worker.pipelines import LoadedPipeline
+from worker.rqworker import DiffqWorker
+
+log = logging.getLogger("diffq.group")
+
+#: exit status when a rank died or went silent (the supervisor starts the group again)
+EXIT_GROUP_LOST = 4
+
+
+class RankFailed(DiffqError):
+    """A rank's part of a batch raised; retried like any transient failure."""
+
+
+class RankFailedPermanently(PermanentJobError):
+    """A rank's part of a batch can never succeed (missing adapter, OOM at one image...)."""
+
+
+class GroupPipelines:
+    """Rank 0's stand-in for :class:`~worker.pipelines.PipelineCache`: ``generate`` is one round
+    of the protocol (broadcast the work, every rank runs its part, answers gathered at rank 0)."""
+
+    def __init__(self, engine: RankEngine, control: Control) -> None:
+        self.engine = engine
+        self.control = control
+        self.device = engine.pipelines.device
+        self.dtype = engine.pipelines.dtype
+        self.speedups = engine.pipelines.speedups
+        self.lost = False  # a peer is gone: the job goes back to the queue and the group exits
+        self.stop_asked = False  # some rank got SIGTERM
+
+    def get(self, model: str) -> tuple[LoadedPipeline, float]:
+        if model != self.engine.model:
+            raise ModelLoadError(
+                f"this xDiT group serves {self.engine.model!r} and the job asks for {model!r}: "
+                "send it to a queue whose workers load that model"
+            )
+        assert self.engine.loaded is not None
+        return self.engine.loaded, 0.0
+
+    def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
+        """Nothing here: the adapter travels with the batch and every rank switches to it."""
+
+    def generate(
+        self,
+        loaded: LoadedPipeline,
+        params: GenParams,
+        prompts: list[str],
+        negatives: list[str],
+        seeds: list[int],
+        max_batch: int,
+        on_step: Any = None,
+    ) -> tuple[BatchResult, int]:
+        work = {
+            "params": asdict(params),
+            "prompts": prompts,
+            "negatives": negatives,
+            "seeds": seeds,
+            "max_batch": max_batch,
+        }
+        answers = self._round(Command("batch", work), lambda: self.engine.run(work, on_step))
+        failed = [a for a in answers if a.error]
+        if failed:
+            reasons = "; ".join(a.error or "" for a in failed)
+            if all(a.permanent for a in failed):
+                raise RankFailedPermanently(reasons)
+            raise RankFailed(reasons)
+        images: list[Image.Image] = []
+        for dp_rank in range(self.engine.layout.data_parallel_degree):
+            part = next((a.images for a in answers if a.dp_rank == dp_rank and a.images is not None), None)
+            if part is None:
+                raise RankFailed(f"no rank returned the images of data-parallel rank {dp_rank}")
+            images += [Image.fromarray(np.asarray(array)) for array in part]
+        if len(images) != len(prompts):
+            raise RankFailed(f"the group returned {len(images)} image(s) for {len(prompts)} prompt(s)")
+        mine = answers[0].timings
+        return (
+            BatchResult(images, mine.get("encode_s", 0.0), mine.get("denoise_s", 0.0), mine.get("decode_s", 0.0)),
+            max_batch,
+        )
+
+    def ping(self) -> None:
+        """While idle: prove every rank is alive, and learn whether one was asked to stop."""
+        self._round(Command("ping"), lambda: Answer(rank=0))
+
+    def stop(self, exit_code: int) -> None:
+        if not self.lost:
+            with contextlib.suppress(GroupLost):
+                self.control.broadcast(Command("stop", exit_code=exit_code))
+
+    def _round(self, command: Command, mine: Any) -> list[Answer]:
+        try:
+            self.control.broadcast(command)
+            answers = self.control.gather(mine())
+        except GroupLost:
+            self.lost = True
+            raise
+        if any(a.stop for a in answers) and not self.stop_asked:
+            self.stop_asked = True
+            ranks = ",".join(str(a.rank) for a in answers if a.stop)
+            log.warning("rank(s) %s asked to stop: the group stops after this job", ranks)
+        return answers
+
+
+class GroupWorker(DiffqWorker):
+    """The RQ worker of rank 0; the keeper thread keeps heartbeats while the group computes."""
+
+    def __init__(self, *args: Any, group: GroupPipelines, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        burst = timeout is None
+        said = ""
+        while True:
+            if self._stop_requested or self.group.stop_asked:
+                self._stop_requested = True
+                return None
+            if burst:
+                result = SimpleWorker.dequeue_job_and_maintain_ttl(self, None, None)
+                if result is not None:
+                    return result
+                wait, why = self._unfinished_elsewhere()
+                if wait is None:
+                    return None
+                if why != said:
+                    self.log.info("Worker %s: burst: queue is empty but %s; waiting", self.name, why)
+                    said = why
+                time.sleep(min(max(wait, 0.2), PING_INTERVAL_S))
+                self._enqueue_due_retries()
+            else:
+                ping = int(PING_INTERVAL_S)
+                result = SimpleWorker.dequeue_job_and_maintain_ttl(self, ping, ping)
+                if result is not None:
+                    return result
+            try:
+                self.group.ping()
+            except GroupLost as exc:
+                self.log.error("Worker %s: %s; the group exits", self.name, exc)
+                raise SystemExit(EXIT_GROUP_LOST) from None
+
+    def handle_job_failure(
+        self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
+    ) -> None:
+        if self.group.lost:
+            # not the job's fault: back to the front of the queue, retries untouched
+            self._cold = True
+            self._cold_code = EXIT_GROUP_LOST
+            self._cold_reason = f"the xDiT group {self.name} lost a rank during this job; re-queued"
+            self.log.error("Worker %s: a rank left the group during job %s; re-queued, exiting", self.name, job.id)
+        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        if self.group.lost or isinstance(exc_info[1], GroupLost):
+            return
+        super().handle_exception(job, *exc_info)
