@@ -192,11 +192,12 @@ def run_split(
             log.warning("out of memory at batch %d; splitting into %d + %d", len(part), half, len(part) - half)
             parts[:0] = [part[:half], part[half:]]
             continue
-        images.update(zip(part, result.images, strict=True))
+        if result.images:  # under xDiT, ranks that do not hold the result get none
+            images.update(zip(part, result.images, strict=True))
         total.encode_s += result.encode_s
         total.denoise_s += result.denoise_s
         total.decode_s += result.decode_s
-    total.images = [images[i] for i in range(len(prompts))]
+    total.images = [images[i] for i in range(len(prompts))] if images else []
     return total, fitted
 
 
