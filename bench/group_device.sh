@@ -1,6 +1,7 @@
 # xDiT group benchmarks on a lent multi-GPU machine; source bench/device_setup.sh first.
 #   bash bench/group_device.sh sdxl   # SDXL: 1 GPU vs our 2-GPU CFG parallel, batch 1 and 4
 #   bash bench/group_device.sh flux   # FLUX.1 architecture: 1 and 2 GPUs (Ulysses)
+#   bash bench/group_device.sh flux4  # FLUX: 4 GPUs (Ulysses, Ulysses×ring, Ulysses×PipeFusion), then through the queue
 #   bash bench/group_device.sh flux8  # FLUX: 4 and 8 GPUs, then the group through the queue
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -16,6 +17,13 @@ sdxl)
 flux)
   timeout 170 $TR --nproc-per-node 1 bench/group.py $F --runs 1 --save /tmp/flux1.npy --out $R --label flux-1gpu > $OUT/flux1.log 2>&1
   timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --compare /tmp/flux1.npy --out $R --label flux-u2 > $OUT/flux2.log 2>&1
+  ;;
+flux4)
+  timeout 170 $TR --nproc-per-node 1 bench/group.py $F --runs 1 --save /tmp/flux1.npy --out $R --label flux-1gpu > $OUT/flux1.log 2>&1
+  timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --compare /tmp/flux1.npy --out $R --label flux-u4 > $OUT/flux4.log 2>&1
+  timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 2 --ring-degree 2 --compare /tmp/flux1.npy --out $R --label flux-u2r2 > $OUT/flux4r.log 2>&1
+  timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 2 --pipefusion-degree 2 --compare /tmp/flux1.npy --out $R --label flux-u2p2 > $OUT/flux4p.log 2>&1
+  timeout 150 python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" --jobs 6 --out $R > $OUT/queue4.log 2>&1
   ;;
 flux8)
   timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --compare /tmp/flux1.npy --out $R --label flux-u4 > $OUT/flux4.log 2>&1

@@ -67,6 +67,11 @@ def main() -> None:
     durations = [(j.ended_at - j.started_at).total_seconds() for j in jobs]
     steady = durations[1:] or durations
     gaps = [(b.started_at - a.ended_at).total_seconds() for a, b in itertools.pairwise(jobs)]
+    # the job function's own breakdown (rank 0): pipeline, PNG writing, the rest of the job
+    parts: dict[str, list[float]] = {}
+    for job in jobs[1:] or jobs:
+        for key, value in ((job.return_value() or {}).get("timings") or {}).items():
+            parts.setdefault(key, []).append(value)
     record = {
         "t": round(time.time(), 1),
         "kind": "group-queue",
@@ -80,6 +85,7 @@ def main() -> None:
         "job_s_median": round(statistics.median(steady), 4) if steady else None,
         "job_s": [round(d, 4) for d in durations],
         "gap_between_jobs_s": [round(g, 4) for g in gaps],
+        "timings_median": {k: round(statistics.median(v), 4) for k, v in parts.items()},
         "wall_s": round(wall, 1),
     }
     print(json.dumps(record), flush=True)
