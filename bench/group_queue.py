@@ -37,7 +37,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--work", default="/tmp/group-queue")
+    ap.add_argument("--variant", default="", help="DIFFQ_BENCH_VARIANT for bench/group_variant.py")
     ap.add_argument("--out", required=True)
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6390/0"))
     args = ap.parse_args()
@@ -52,11 +54,14 @@ def main() -> None:
     csv.write_text("prompt\n" + "".join(f'"queue prompt {i}, a red fox in snow"\n' for i in range(args.jobs)))
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue, "PYTHONUNBUFFERED": "1"}
     enqueue = [sys.executable, "-m", "producer", "enqueue", str(csv), "--model", args.model, "--chunk-size", "1",
-               "--steps", str(args.steps), "--guidance", str(args.guidance), "--output", str(out_dir)]  # fmt: skip
+               "--steps", str(args.steps), "--width", str(args.size), "--height", str(args.size),
+               "--guidance", str(args.guidance), "--output", str(out_dir)]  # fmt: skip
     subprocess.run(enqueue, env=env, cwd=ROOT, check=True)
     started = time.time()
     group = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus),
-             "-m", "worker.group", "--model", args.model, "--burst", *args.degrees.split()]  # fmt: skip
+             *(["bench/group_variant.py"] if args.variant else ["-m", "worker.group"]),
+             "--model", args.model, "--burst", *args.degrees.split()]  # fmt: skip
+    env["DIFFQ_BENCH_VARIANT"] = args.variant
     rc = subprocess.run(group, env=env, cwd=ROOT).returncode
     wall = time.time() - started
     jobs = [
@@ -78,6 +83,7 @@ def main() -> None:
         "model": args.model,
         "gpus": args.gpus,
         "degrees": args.degrees,
+        "variant": args.variant,
         "rc": rc,
         "jobs": len(jobs),
         "images": len(list(out_dir.rglob("*.png"))),

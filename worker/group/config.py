@@ -22,8 +22,11 @@ ENV_NAMES: dict[str, str] = {
     "timeout_s": "DIFFQ_GROUP_TIMEOUT",
 }
 
-#: seconds a rank waits in one of the group's own collectives before it calls the group lost
-DEFAULT_TIMEOUT_S = 60
+#: seconds a rank waits in one of the group's own collectives before it calls the group lost. It must
+#: exceed the longest wait of one rank for another inside a batch (a data-parallel rank with a
+#: short slice waits for the longest one); a rank that dies is noticed sooner, by torchrun and by
+#: its closed connections (3.8 s in tests/test_group.py). The timeout catches ranks that hang.
+DEFAULT_TIMEOUT_S = 300
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"", "0", "false", "no", "off"}
 
