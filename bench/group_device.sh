@@ -31,6 +31,11 @@ overhead)
     timeout 100 python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" --jobs 6 --variant $v --out $R > $OUT/queue-$v.log 2>&1
   done
   ;;
+queue4)
+  timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --out $R --label flux-u4 > $OUT/flux4.log 2>&1
+  timeout 120 python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" --jobs 8 --out $R > $OUT/queue4.log 2>&1
+  timeout 120 python3 bench/group_queue.py --gpus 2 $S --degrees "--cfg-parallel" --jobs 6 --out $R > $OUT/queue-sdxl2.log 2>&1
+  ;;
 flux8)
   timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --compare /tmp/flux1.npy --out $R --label flux-u4 > $OUT/flux4.log 2>&1
   timeout 120 $TR --nproc-per-node 8 bench/group.py $F --ulysses-degree 8 --compare /tmp/flux1.npy --out $R --label flux-u8 > $OUT/flux8.log 2>&1

@@ -77,6 +77,12 @@ def main() -> None:
     for job in jobs[1:] or jobs:
         for key, value in ((job.return_value() or {}).get("timings") or {}).items():
             parts.setdefault(key, []).append(value)
+    # what the queue adds to each job: everything but the parallel pipeline call (slowest rank)
+    overhead = [
+        (j.ended_at - j.started_at).total_seconds()
+        - sum((j.return_value() or {}).get("timings", {}).get(k, 0.0) for k in ("encode_s", "denoise_s", "decode_s"))
+        for j in (jobs[1:] or jobs)
+    ]
     record = {
         "t": round(time.time(), 1),
         "kind": "group-queue",
@@ -92,6 +98,8 @@ def main() -> None:
         "job_s": [round(d, 4) for d in durations],
         "gap_between_jobs_s": [round(g, 4) for g in gaps],
         "timings_median": {k: round(statistics.median(v), 4) for k, v in parts.items()},
+        "overhead_s": [round(o, 4) for o in overhead],
+        "overhead_s_median": round(statistics.median(overhead), 4) if overhead else None,
         "wall_s": round(wall, 1),
     }
     print(json.dumps(record), flush=True)

@@ -99,11 +99,12 @@ class GroupPipelines:
             images += [Image.fromarray(np.asarray(array)) for array in part]
         if len(images) != len(prompts):
             raise RankFailed(f"the group returned {len(images)} image(s) for {len(prompts)} prompt(s)")
-        mine = answers[0].timings
-        return (
-            BatchResult(images, mine.get("encode_s", 0.0), mine.get("denoise_s", 0.0), mine.get("decode_s", 0.0)),
-            max_batch,
-        )
+
+        # the slowest rank sets the pace (under xDiT the holder also decodes): report its times
+        def slowest(key: str) -> float:
+            return max((a.timings.get(key, 0.0) for a in answers), default=0.0)
+
+        return BatchResult(images, slowest("encode_s"), slowest("denoise_s"), slowest("decode_s")), max_batch
 
     def ping(self) -> None:
         """While idle: prove every rank is alive, and learn whether one was asked to stop."""
