@@ -34,7 +34,10 @@ overhead)
 queue4)
   timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --out $R --label flux-u4 > $OUT/flux4.log 2>&1
   timeout 120 python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" --jobs 8 --out $R > $OUT/queue4.log 2>&1
-  timeout 120 python3 bench/group_queue.py --gpus 2 $S --degrees "--cfg-parallel" --jobs 6 --out $R > $OUT/queue-sdxl2.log 2>&1
+  ;;
+sdxlqueue)
+  timeout 120 python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel --jobs 6 --out $R > $OUT/queue-sdxl2.log 2>&1
+  timeout 120 python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel --jobs 4 --chunk 4 --out $R > $OUT/queue-sdxl2-b4.log 2>&1
   ;;
 flux8)
   timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --compare /tmp/flux1.npy --out $R --label flux-u4 > $OUT/flux4.log 2>&1

@@ -34,10 +34,11 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, required=True)
     ap.add_argument("--model", default="flux-random")
     ap.add_argument("--degrees", default="")
-    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--jobs", type=int, default=4, help="jobs (of --chunk images each)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--chunk", type=int, default=1, help="images per job")
     ap.add_argument("--work", default="/tmp/group-queue")
     ap.add_argument("--variant", default="", help="DIFFQ_BENCH_VARIANT for bench/group_variant.py")
     ap.add_argument("--out", required=True)
@@ -51,9 +52,11 @@ def main() -> None:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     csv = Path(args.work) / f"{queue}.csv"
-    csv.write_text("prompt\n" + "".join(f'"queue prompt {i}, a red fox in snow"\n' for i in range(args.jobs)))
+    rows = args.jobs * args.chunk
+    csv.write_text("prompt\n" + "".join(f'"queue prompt {i}, a red fox in snow"\n' for i in range(rows)))
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue, "PYTHONUNBUFFERED": "1"}
-    enqueue = [sys.executable, "-m", "producer", "enqueue", str(csv), "--model", args.model, "--chunk-size", "1",
+    enqueue = [sys.executable, "-m", "producer", "enqueue", str(csv), "--model", args.model,
+               "--chunk-size", str(args.chunk),
                "--steps", str(args.steps), "--width", str(args.size), "--height", str(args.size),
                "--guidance", str(args.guidance), "--output", str(out_dir)]  # fmt: skip
     subprocess.run(enqueue, env=env, cwd=ROOT, check=True)
@@ -92,6 +95,7 @@ def main() -> None:
         "variant": args.variant,
         "rc": rc,
         "jobs": len(jobs),
+        "chunk": args.chunk,
         "images": len(list(out_dir.rglob("*.png"))),
         "first_job_s": round(durations[0], 3) if durations else None,
         "job_s_median": round(statistics.median(steady), 4) if steady else None,
