@@ -1,5 +1,6 @@
 # Source this first in every device call: installs the carried wheels, starts the carried Redis.
-#   carry: .whl (diffusers, rq, redis, croniter, importlib_metadata, lazy_importer)
+#   carry: .whl (diffusers, rq, redis, croniter, importlib_metadata, lazy_importer; for groups
+#          xfuser, distvae, yunchang, einops, beautifulsoup4, soupsieve)
 #          .redis (Debian's redis-tools + libjemalloc2, liblzf1, libatomic1, unpacked with dpkg -x)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -105,11 +105,21 @@ def test_dashboard_is_on_localhost_only_with_basic_auth():
 
 def test_workers_lease_gpus_and_stop_warm():
     worker = SERVICES["worker"]
-    assert worker["command"][:4] == ["worker", "run", "--gpu-lease", "all"]
+    assert worker["command"][:4] == ["worker", "run", "--gpu-lease", "${DIFFQ_GPU_LEASE:-all}"]
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert "/etc/machine-id:/etc/machine-id:ro" in worker["volumes"]
     assert worker["stop_grace_period"] == "5m"
     assert worker["restart"] == "unless-stopped"
+
+
+def test_group_is_a_torchrun_service_on_its_own_gpus():
+    group = SERVICES["group"]
+    assert group["profiles"] == ["group"]  # not started by a plain `docker compose up`
+    assert group["command"][:2] == ["torchrun", "--nproc-per-node"] and "--max-restarts" in group["command"]
+    assert group["command"][group["command"].index("-m") + 1] == "worker.group"
+    assert group["environment"]["CUDA_VISIBLE_DEVICES"] == "${DIFFQ_GROUP_GPUS:-4,5,6,7}"
+    assert group["stop_grace_period"] == "5m" and group["restart"] == "unless-stopped"
+    assert "group" in re.search(r'pip install .*"\.\[([a-z,]+)\]"', (ROOT / "Dockerfile").read_text()).group(1)
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -284,6 +294,30 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def test_group_service_command_runs_a_group(stack, tmp_path):
+    """The group service's exact command (2 ranks, the tiny model, data parallel on the CPU)."""
+    env, values, url = stack["env"], stack["values"], stack["url"]
+    out = tmp_path / "out"
+    prompts = write_csv(tmp_path / "p.csv", "prompt\na lighthouse at dusk\ntwo cats on a roof\n")
+    producer_env = {**env, **service_env("producer", values), "REDIS_URL": url}
+    enqueue = [*command("producer", values)[:1], "enqueue", str(prompts), *TINY_FLAGS, "--queue", "flux"]
+    done = subprocess.run([*enqueue, "--output", str(out)], env=producer_env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    overrides = {"DIFFQ_GROUP_SIZE": "2", "DIFFQ_GROUP_MODEL": "tiny", "DIFFQ_ULYSSES_DEGREE": "1",
+                 "DIFFQ_DATA_PARALLEL_DEGREE": "2"}  # fmt: skip
+    group_env = {**env, **service_env("group", values | overrides), "REDIS_URL": url}
+    assert group_env.pop("CUDA_VISIBLE_DEVICES") == "4,5,6,7"  # no GPUs here
+    group_env["DIFFQ_DTYPE"] = "auto"
+    cmd = command("group", values | overrides)
+    cmd[cmd.index("--nproc-per-node") :] = ["--standalone", *cmd[cmd.index("--nproc-per-node") :]]
+    run = subprocess.run(
+        [*cmd, "--burst", "--device", "cpu"], env=group_env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "data-parallel 2 = 2 ranks" in run.stderr
+    assert len(images_under(out)) == 2
 
 
 def _answers(url: str) -> bool:
