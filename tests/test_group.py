@@ -213,11 +213,48 @@ def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
             group.kill()
     text = log.read_text()
     assert noticed < TIMEOUT_S + 5, f"rank 0 noticed after {noticed:.1f}s"
-    assert f"a rank left the group during job {job.id}; re-queued, exiting" in text
+    # rank 0's main thread notices through its collective; if it is busy longer than the keeper's
+    # grace, the keeper (which watches the peers' processes) gives the job back instead
+    assert f"a rank left the group during job {job.id}; re-queued, exiting" in text or (
+        f"died and the main thread is stuck; job {job.id} re-queued" in text
+    )
     assert_exactly_once(output, 4)
     finished = Job.fetch(job.id, connection=conn, serializer=JSONSerializer)
     assert finished.get_status() == "finished"
     print(f"rank 0 noticed the dead rank {noticed:.1f}s after SIGKILL")
+
+
+def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    """On NCCL rank 0 can wait in CUDA for a dead peer and never see an error; its keeper thread
+    watches the peers' processes and re-queues the job. Here rank 0 hangs on purpose."""
+    output = enqueue(tmp_path, ["stuck test 0", "stuck test 1"], TINY_FLAGS, "--chunk-size", "2")
+    log = tmp_path / "group.log"
+    hang = {**env, "DIFFQ_FAULT_GROUP_HANG": f"0:{tmp_path / 'hung-once'}"}
+    group = subprocess.Popen(
+        torchrun("--data-parallel-degree", "2", "--burst", restarts=1),
+        env=hang,
+        cwd=ROOT,
+        stdout=open(log, "ab"),  # noqa: SIM115 - the process owns it until it exits
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        rank1 = wait_for(lambda: _pid_of_rank(log, 1), 90, "rank 1 to start")
+        wait_for(lambda: "injected hang" in log.read_text(errors="replace"), 120, "rank 0 to hang")
+        os.kill(rank1, signal.SIGKILL)
+        killed = time.monotonic()
+        assert group.wait(timeout=200) == 0, log.read_text()[-4000:]
+        recovered = time.monotonic() - killed
+    finally:
+        if group.poll() is None:
+            group.kill()
+    text = log.read_text()
+    assert "died and the main thread is stuck; job" in text and "re-queued, exiting" in text, text[-3000:]
+    assert_exactly_once(output, 2)
+    # without the keeper: 30 s until torchrun's SIGKILL, then 30 s of heartbeat TTL and the reaper
+    assert recovered < 45, f"the job was done {recovered:.1f}s after the kill"
+    print(f"job finished {recovered:.1f}s after rank 1 was killed while rank 0 was stuck")
 
 
 def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from worker.group.config import DEFAULT_TIMEOUT_S, GroupLayout
 #: how long ranks wait for each other to finish loading the model (a cold hub download is slow)
 LOAD_TIMEOUT_S = 1800
 FAULT_RANK_ENV = "DIFFQ_FAULT_GROUP_RANK"
+FAULT_HANG_ENV = "DIFFQ_FAULT_GROUP_HANG"
 
 log = logging.getLogger("diffq.group")
 
@@ -128,18 +129,22 @@ def _serve(settings: Settings, layout: GroupLayout, model: str, opts: dict[str, 
 
         import torch
 
-        from worker.group.comm import Control, init_world, local_rank
+        from worker.group.comm import Control, init_world, local_rank, publish_pid
         from worker.group.engine import RankEngine
 
         cuda = settings.device != "cpu" and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(local_rank())
         init_world("nccl" if cuda else "gloo", layout.timeout_s)
+        publish_pid()
         control = Control(layout.timeout_s)
         engine = RankEngine(settings, layout, rank, world)
         fault = os.environ.get(FAULT_RANK_ENV, "")
         if fault.partition(":")[0] == str(rank):
             engine.fail_marker = fault.partition(":")[2] or "fail"
+        hang = os.environ.get(FAULT_HANG_ENV, "")
+        if hang.partition(":")[0] == str(rank):
+            engine.hang_once = hang.partition(":")[2]
         if rank == 0:
             log.info("xDiT group of %d rank(s): %s; model %s", world, layout.describe(), model)
         started = time.perf_counter()
@@ -181,7 +186,10 @@ def _lead(
     host = socket.gethostname().split(".")[0]
     label = f"gpu{gpus.replace(',', '+')}" if gpus else f"{engine.pipelines.device.type}x{world}"
     name = opts["name"] or f"diffq-group-{label}-{host}-{os.getpid()}"
-    worker = GroupWorker([get_queue(settings.queue, conn)], connection=conn, name=name, group=group)
+    from worker.group.comm import local_peers
+
+    queues = [get_queue(settings.queue, conn)]
+    worker = GroupWorker(queues, connection=conn, name=name, group=group, peers=local_peers())
     runtime.install(runtime.Runtime(settings, group, worker_name=name))  # type: ignore[arg-type]
     log.info("worker %s serving queue %r at %s", name, settings.queue, redact(settings.redis_url))
     code = 0

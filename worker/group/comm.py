@@ -10,8 +10,10 @@ after ``timeout_s`` instead of a hang. Rank 0 is the only sender of commands; it
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -105,6 +107,39 @@ def _why(exc: BaseException, timeout_s: float) -> str:
     if "timed out" in first.lower() or "timeout" in first.lower():
         return f"a rank did not answer within the group timeout ({timeout_s:g}s): {first[:200]}"
     return f"a rank left the group: {first[:200]}"
+
+
+def publish_pid() -> None:
+    """Tell rank 0 where this rank runs (host and pid), for the keeper's liveness checks."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"pid/{dist.get_rank()}", f"{socket.gethostname()}:{os.getpid()}")
+
+
+def local_peers() -> list[int]:
+    """The pids of the other ranks on this host (torchrun starts them all here on one node)."""
+    store = dist.distributed_c10d._get_default_store()
+    here = socket.gethostname()
+    peers = []
+    for rank in range(1, dist.get_world_size()):
+        host, _, pid = store.get(f"pid/{rank}").decode().rpartition(":")
+        if host == here:
+            peers.append(int(pid))
+    return peers
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: it died and waits to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def local_rank() -> int:

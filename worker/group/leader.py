@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import asdict
 from typing import Any
@@ -23,7 +24,7 @@ from rq.queue import Queue
 from common.errors import DiffqError, ModelLoadError, PermanentJobError
 from common.jobspec import GenParams
 from worker.generate import BatchResult
-from worker.group.comm import PING_INTERVAL_S, Answer, Command, Control, GroupLost
+from worker.group.comm import PING_INTERVAL_S, Answer, Command, Control, GroupLost, alive
 from worker.group.engine import RankEngine
 from worker.pipelines import LoadedPipeline
 from worker.rqworker import DiffqWorker
@@ -32,6 +33,8 @@ log = logging.getLogger("diffq.group")
 
 #: exit status when a rank died or went silent (the supervisor starts the group again)
 EXIT_GROUP_LOST = 4
+#: seconds a peer must have been dead before the keeper gives up on a stuck main thread
+PEER_GRACE_S = 10.0
 
 
 class RankFailed(DiffqError):
@@ -130,11 +133,48 @@ class GroupPipelines:
 
 
 class GroupWorker(DiffqWorker):
-    """The RQ worker of rank 0; the keeper thread keeps heartbeats while the group computes."""
+    """The RQ worker of rank 0; the keeper thread keeps heartbeats while the group computes.
 
-    def __init__(self, *args: Any, group: GroupPipelines, **kwargs: Any) -> None:
+    The keeper also watches the other ranks' processes. On NCCL, rank 0 can sit in a CUDA wait
+    for a peer that is gone and never reach Python again: it neither sees the error nor runs its
+    SIGTERM handler, until torchrun SIGKILLs it 30 s later and the job waits for its heartbeat to
+    expire. So when a peer has been dead for :data:`PEER_GRACE_S` and the main thread has not
+    noticed, the keeper puts the job back at the front of the queue and ends the process.
+    """
+
+    def __init__(self, *args: Any, group: GroupPipelines, peers: list[int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.group = group
+        self.peers = peers or []
+        self._dead_since: float | None = None
+
+    def keep_more(self) -> None:
+        dead = [pid for pid in self.peers if not alive(pid)]
+        if not dead or self.group.lost:
+            return
+        if self._dead_since is None:
+            self._dead_since = time.monotonic()
+        if time.monotonic() - self._dead_since < PEER_GRACE_S:
+            return  # the main thread usually notices first, through its own collective
+        job = self._running
+        if job is not None:
+            self.group.lost = True
+            with self.connection.pipeline() as pipe:
+                self.cleanup_execution(job, pipeline=pipe)
+                pipe.execute()
+            job.meta["error"] = f"the xDiT group {self.name} lost a rank (pid {dead[0]}) during this job; re-queued"
+            job.save_meta()
+            queue = next(q for q in self.queues if q.name == job.origin)
+            queue.enqueue_job(job, at_front=True)
+        self.log.error(
+            "Worker %s: rank process(es) %s died and the main thread is stuck; %s, exiting",
+            self.name,
+            ",".join(map(str, dead)),
+            f"job {job.id} re-queued" if job is not None else "no job was running",
+        )
+        with contextlib.suppress(Exception):
+            self.register_death()
+        os._exit(EXIT_GROUP_LOST)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         burst = timeout is None
