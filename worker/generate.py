@@ -63,11 +63,6 @@ def run_batch(
     encoded = time.perf_counter()
 
     # 2. Denoise to latents, reporting each step
-    def callback(_pipe: Any, step: int, _timestep: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if on_step:
-            on_step(step + 1, params.steps)
-        return kwargs
-
     generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
     latents = pipe(
         prompt_embeds=embeds,
@@ -79,7 +74,7 @@ def run_batch(
         num_inference_steps=params.steps,
         guidance_scale=params.guidance,
         generator=generators,
-        callback_on_step_end=callback,
+        callback_on_step_end=_step_callback(on_step, params.steps),
         output_type="latent",
     ).images
     _sync(device)
@@ -91,6 +86,17 @@ def run_batch(
     return BatchResult(
         images=images, encode_s=encoded - started, denoise_s=denoised - encoded, decode_s=finished - denoised
     )
+
+
+def _step_callback(on_step: Callable[[int, int], None] | None, steps: int) -> Callable[..., dict[str, Any]]:
+    """A diffusers ``callback_on_step_end`` that reports ``(step, steps)`` to ``on_step``."""
+
+    def callback(_pipe: Any, step: int, _timestep: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if on_step:
+            on_step(step + 1, steps)
+        return kwargs
+
+    return callback
 
 
 def is_flux(pipe: Any) -> bool:
@@ -118,11 +124,6 @@ def _run_flux_batch(
     _sync(device)
     encoded = time.perf_counter()
 
-    def callback(_pipe: Any, step: int, _timestep: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if on_step:
-            on_step(step + 1, params.steps)
-        return kwargs
-
     out = pipe(
         prompt_embeds=embeds,
         pooled_prompt_embeds=pooled,
@@ -131,7 +132,7 @@ def _run_flux_batch(
         num_inference_steps=params.steps,
         guidance_scale=params.guidance,
         generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
-        callback_on_step_end=callback,
+        callback_on_step_end=_step_callback(on_step, params.steps),
         output_type="pil",
     )
     _sync(device)

@@ -212,21 +212,14 @@ FLUX_TRANSFORMER: dict[str, Any] = {
     "guidance_embeds": True,
     "axes_dims_rope": (16, 56, 56),
 }
-FLUX_VAE: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ("DownEncoderBlock2D",) * 4,
-    "up_block_types": ("UpDecoderBlock2D",) * 4,
-    "block_out_channels": (128, 256, 512, 512),
-    "layers_per_block": 2,
+FLUX_VAE: dict[str, Any] = SDXL_VAE | {
     "latent_channels": 16,
-    "sample_size": 1024,
     "scaling_factor": 0.3611,
     "shift_factor": 0.1159,
     "use_quant_conv": False,
     "use_post_quant_conv": False,
 }
-FLUX_CLIP: dict[str, Any] = SDXL_TEXT | {"hidden_act": "quick_gelu"}
+FLUX_CLIP: dict[str, Any] = SDXL_TEXT  # CLIP ViT-L/14, as SDXL's first text encoder
 FLUX_T5: dict[str, Any] = {
     "d_model": 4096,
     "d_ff": 10240,

@@ -168,9 +168,24 @@ class DiffqWorker(SimpleWorker):
         queue.enqueue_job(job, at_front=True)
         self.log.warning("Worker %s: job %s re-queued at the front", self.name, job.id)
 
+    #: a subclass that must act while no job runs (a group's rank 0 pings its ranks) sets this
+    idle_every_s: int | None = None
+
+    def idle(self) -> None:
+        """Called about every :attr:`idle_every_s` (and every burst wait) while no job runs."""
+
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         said = ""
         while True:
+            if self._stop_requested:
+                return None
+            if timeout is not None and self.idle_every_s is not None:
+                # wait for a job in slices, with idle() between them
+                result = super().dequeue_job_and_maintain_ttl(self.idle_every_s, self.idle_every_s)
+                if result is not None:
+                    return result
+                self.idle()
+                continue
             result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             if result is not None or timeout is not None or self._stop_requested:
                 return result
@@ -182,6 +197,7 @@ class DiffqWorker(SimpleWorker):
                 said = why
             time.sleep(min(max(wait, 0.2), KEEPALIVE_INTERVAL_S))
             self._enqueue_due_retries()
+            self.idle()
 
     def _unfinished_elsewhere(self) -> tuple[float | None, str]:
         """Work of our queues that may still come back to the queue: jobs scheduled for a retry

@@ -28,8 +28,9 @@ import torch.distributed as dist
 from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.settings import Settings
+from worker.failures import classify
 from worker.faults import InjectedFault
-from worker.generate import BatchResult, is_flux, run_split
+from worker.generate import BatchResult, is_flux, is_oom, run_split
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
 from worker.pipelines import LoadedPipeline, PipelineCache
@@ -158,9 +159,6 @@ class RankEngine:
         try:
             result = self._run(work, on_step)
         except Exception as exc:
-            from worker.failures import classify
-            from worker.generate import is_oom
-
             failure = classify(exc)
             answer.error = f"rank {self.rank}: {failure.reason}"
             answer.permanent = failure.permanent

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from rq import SimpleWorker
 from rq.job import Job
 from rq.queue import Queue
 
@@ -176,35 +175,20 @@ class GroupWorker(DiffqWorker):
             self.register_death()
         os._exit(EXIT_GROUP_LOST)
 
+    idle_every_s = int(PING_INTERVAL_S)
+
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        burst = timeout is None
-        said = ""
-        while True:
-            if self._stop_requested or self.group.stop_asked:
-                self._stop_requested = True
-                return None
-            if burst:
-                result = SimpleWorker.dequeue_job_and_maintain_ttl(self, None, None)
-                if result is not None:
-                    return result
-                wait, why = self._unfinished_elsewhere()
-                if wait is None:
-                    return None
-                if why != said:
-                    self.log.info("Worker %s: burst: queue is empty but %s; waiting", self.name, why)
-                    said = why
-                time.sleep(min(max(wait, 0.2), PING_INTERVAL_S))
-                self._enqueue_due_retries()
-            else:
-                ping = int(PING_INTERVAL_S)
-                result = SimpleWorker.dequeue_job_and_maintain_ttl(self, ping, ping)
-                if result is not None:
-                    return result
-            try:
-                self.group.ping()
-            except GroupLost as exc:
-                self.log.error("Worker %s: %s; the group exits", self.name, exc)
-                raise SystemExit(EXIT_GROUP_LOST) from None
+        self._stop_requested |= self.group.stop_asked  # a rank got SIGTERM during the last job
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+    def idle(self) -> None:
+        """Ping every rank: a dead or stuck one is found while the queue is empty, too."""
+        try:
+            self.group.ping()
+        except GroupLost as exc:
+            self.log.error("Worker %s: %s; the group exits", self.name, exc)
+            raise SystemExit(EXIT_GROUP_LOST) from None
+        self._stop_requested |= self.group.stop_asked
 
     def handle_job_failure(
         self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
