@@ -44,8 +44,29 @@ class AdapterNotFound(PermanentJobError):
 
 
 class OutputNotWritable(PermanentJobError):
-    """The job's output folder cannot be created or written."""
+    """The job's output folder is not one a worker may write (relative, or outside
+    ``DIFFQ_OUTPUT_ROOT``); a folder that is full or read-only is :class:`OutputUnavailable`."""
 
 
 class OutOfMemory(PermanentJobError):
     """The GPU ran out of memory even for one image at a time: smaller sizes or a bigger GPU."""
+
+
+class WorkerUnavailable(DiffqError):
+    """Not the job's fault: this worker cannot run it here and now (its disk, its mounts, a model
+    it cannot load). The job goes back to the queue with its retries untouched, and the worker
+    stops taking jobs until the cause is gone; the message says what to fix."""
+
+
+class OutputUnavailable(WorkerUnavailable):
+    """The output folder is full, read-only or gone on this worker. ``output`` and ``needed``
+    (bytes) say what the worker must be able to write again before it takes jobs."""
+
+    def __init__(self, message: str, *, output: str = "", needed: int = 0) -> None:
+        super().__init__(message)
+        self.output = output
+        self.needed = needed
+
+
+class NotServedHere(WorkerUnavailable):
+    """This worker failed to load the job's model or adapter several times and no longer tries."""

@@ -52,9 +52,10 @@ def item_key(params: GenParams, item: PromptItem) -> str:
     )[:KEY_CHARS]
 
 
-def job_id(keys: list[str], output: str) -> str:
-    """A chunk's job id: its items' keys and where they go. Contains no ':' (RQ key separator)."""
-    return f"{JOB_PREFIX}{_digest({'keys': keys, 'output': output})[:KEY_CHARS]}"
+def job_id(keys: list[str], output: str, queue: str) -> str:
+    """A chunk's job id: its items' keys, where they go and the queue it is on (RQ keeps one job
+    hash per id across queues). Contains no ':' (RQ key separator)."""
+    return f"{JOB_PREFIX}{_digest({'keys': keys, 'output': output, 'queue': queue})[:KEY_CHARS]}"
 
 
 def image_relpath(key: str, index: int) -> str:

@@ -6,6 +6,12 @@ These are plain data so the producer can print and check them without importing 
 
 from __future__ import annotations
 
+import difflib
+import re
+from pathlib import Path
+
+from common.errors import ConfigError, InvalidJobSpec
+
 DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
 
 #: Built-in models. ``tiny`` is written once to the cache folder and then loaded with
@@ -20,3 +26,38 @@ MODEL_PRESETS: dict[str, str] = {
 ADAPTER_PRESETS: dict[str, str] = {
     "tiny-dora": "a DoRA adapter (peft, use_dora=True) with random weights for the tiny model",
 }
+
+#: ``org/name`` as the Hugging Face Hub spells repository ids
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_model(name: str) -> None:
+    """What the producer can know about ``--model`` without asking the Hub: a preset, a
+    diffusers folder here, or something shaped like a hub id. A typo such as ``tinyy`` is
+    caught before anything is enqueued, not by every worker failing every job."""
+    if name in MODEL_PRESETS:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "model_index.json").is_file():
+            raise ConfigError(f"--model {name!r}: the folder has no model_index.json; give a diffusers pipeline folder")
+        return
+    if name.startswith(("/", ".", "~")) or not HUB_ID.match(name):
+        close = difflib.get_close_matches(name, MODEL_PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"--model {name!r} is neither a preset{hint}, nor a folder here, nor a hub id like org/name; "
+            f"presets: {', '.join(MODEL_PRESETS)}"
+        )
+
+
+def check_adapter(adapter: str) -> None:
+    """An adapter is a preset or a folder/.safetensors file the workers read; if this machine
+    cannot see it either, the row is refused (``--no-path-checks`` when workers see paths that
+    the producer's machine does not)."""
+    if adapter in ADAPTER_PRESETS or Path(adapter).expanduser().exists():
+        return
+    raise InvalidJobSpec(
+        f"adapter {adapter!r} does not exist here: give a DoRA/LoRA folder or .safetensors file, or a preset "
+        f"({', '.join(ADAPTER_PRESETS)}); if only the workers see that path, pass --no-path-checks"
+    )

@@ -3,10 +3,13 @@
 RQ's registries (queued, started, finished, failed, scheduled) are the source of truth for
 job state. Beside them we keep only what RQ cannot tell us:
 
-- ``diffq:<queue>:items`` — hash: item key → job id while queued, ``done`` once its images are
-  written. This is what makes a re-run of the producer add nothing that is queued or done,
-  even after RQ has expired the finished job.
-- ``diffq:<queue>:images`` — counter of images written.
+- ``diffq:<queue>:items`` — the ledger (:mod:`common.ledger`): item key → job id while queued,
+  ``done`` once its images are written and recorded. This is what makes a re-run of the
+  producer add nothing that is queued or done, even after RQ has expired the finished job.
+- ``diffq:<queue>:intents`` — item key → offset of ``metadata.jsonl`` where a worker was about
+  to append its lines (see :mod:`common.ledger`).
+- ``diffq:<queue>:images`` — counter of images recorded; equals the PNGs on disk.
+- ``diffq:<queue>:paused`` — worker name → why it stopped taking jobs (disk full, ...).
 - ``diffq:<queue>:recent`` — sorted set of recent completions (score: time) for throughput.
 """
 
@@ -27,7 +30,6 @@ from common.errors import ConfigError
 from common.settings import redact
 
 TASK_FUNC = "worker.task.run_job"
-DONE = "done"
 RECENT_WINDOW_S = 600
 
 
@@ -114,3 +116,11 @@ def images_key(queue: str) -> str:
 
 def recent_key(queue: str) -> str:
     return f"diffq:{queue}:recent"
+
+
+def intents_key(queue: str) -> str:
+    return f"diffq:{queue}:intents"
+
+
+def paused_key(queue: str) -> str:
+    return f"diffq:{queue}:paused"

@@ -34,9 +34,11 @@ ENV_NAMES: dict[str, str] = {
     "job_timeout": "DIFFQ_JOB_TIMEOUT",
     "max_retries": "DIFFQ_MAX_RETRIES",
     "retry_backoff": "DIFFQ_RETRY_BACKOFF",
+    "heartbeat_ttl": "DIFFQ_HEARTBEAT_TTL",
     "log_level": "DIFFQ_LOG_LEVEL",
     "fault_oom_above": "DIFFQ_FAULT_OOM_ABOVE",
     "fault_fail_attempts": "DIFFQ_FAULT_FAIL_ATTEMPTS",
+    "fault_block_decode": "DIFFQ_FAULT_BLOCK_DECODE",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -65,11 +67,16 @@ class Settings:
     max_retries: int = 3
     #: seconds before the 1st, 2nd, ... retry of a transient failure (the last repeats)
     retry_backoff: str = "5,30,120"
+    #: seconds without a heartbeat after which a running job is taken for dead and given to
+    #: another worker; the keeper renews every sixth of it and looks for dead ones every third
+    heartbeat_ttl: int = 30
     log_level: str = "INFO"
     #: tests only: the UNet raises CUDA's out-of-memory error for batches above this many images
     fault_oom_above: int = -1
     #: tests only: the first N attempts of every job fail with a transient error
     fault_fail_attempts: int = 0
+    #: tests only: before decoding, hold the main thread in one C call this big (a square matrix side)
+    fault_block_decode: int = 0
 
     @classmethod
     def load(cls, **flags: Any) -> Settings:
@@ -99,6 +106,8 @@ class Settings:
             raise ConfigError(f"--job-timeout {self.job_timeout}: use at least 10 seconds")
         if not self.queue or ":" in self.queue or len(self.queue) > 100:
             raise ConfigError(f"--queue {self.queue!r}: use a short name without ':'")
+        if not 6 <= self.heartbeat_ttl <= 3600:
+            raise ConfigError(f"DIFFQ_HEARTBEAT_TTL={self.heartbeat_ttl}: use 6..3600 seconds")
         if not 0 <= self.max_retries <= 100:
             raise ConfigError(f"--max-retries {self.max_retries}: use 0..100")
         self.retry_intervals()

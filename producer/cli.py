@@ -19,7 +19,8 @@ import click
 import redis
 from rq.registry import FailedJobRegistry
 
-from common.errors import DiffqError
+from common.errors import ConfigError, DiffqError, InvalidJobSpec
+from common.presets import check_adapter, check_model
 from common.queues import connect, get_queue
 from common.settings import Settings, redact
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file
@@ -72,6 +73,9 @@ def main() -> None:
 @click.option("--job-timeout", type=int, help="Seconds one job may run [env DIFFQ_JOB_TIMEOUT; 3600].")
 @click.option("--max-retries", type=int, help="Retries of a job that failed transiently [3].")
 @click.option("--dry-run", is_flag=True, help="Validate and count; enqueue nothing.")
+@click.option(
+    "--no-path-checks", is_flag=True, help="Do not check that adapter paths exist here (only the workers see them)."
+)
 @queue_options
 @user_errors
 def enqueue(file: Path, **opts: Any) -> None:
@@ -99,7 +103,14 @@ def enqueue(file: Path, **opts: Any) -> None:
         seed=opts["seed"],
         adapter=opts["adapter"],
         adapter_scale=opts["adapter_scale"],
+        check_paths=not opts["no_path_checks"],
     )
+    check_model(settings.model)
+    if defaults.adapter and defaults.check_paths:
+        try:
+            check_adapter(defaults.adapter)
+        except InvalidJobSpec as exc:
+            raise ConfigError(f"--adapter: {exc}") from None
     conn = None if opts["dry_run"] else connect(settings.redis_url)
 
     total_rows = count_lines(file) - (file_format(file) == "csv") if file.is_file() else None
@@ -114,9 +125,7 @@ def enqueue(file: Path, **opts: Any) -> None:
         return
 
     output = str(Path(settings.output).expanduser().absolute())
-    options = EnqueueOptions(
-        output, settings.chunk_size, settings.job_timeout, settings.max_retries, tuple(settings.retry_intervals())
-    )
+    options = EnqueueOptions.from_settings(settings, output)
     bar = Progress("enqueue", rows, "rows")
     report = Enqueuer(conn, settings.queue, options).enqueue(file, defaults, on_row=bar.update)
     bar.close()

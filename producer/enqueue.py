@@ -15,12 +15,15 @@ from pathlib import Path
 
 import redis
 from rq import Queue, Retry
-from rq.job import Job
+from rq.job import Job, JobStatus
+from rq.utils import now
 
 from common.errors import InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
+from common.ledger import DONE, REDO_PREFIX, Ledger
 from common.naming import image_path, item_key, job_id
-from common.queues import DONE, TASK_FUNC, get_queue, items_key
+from common.queues import TASK_FUNC, get_queue, items_key
+from common.settings import Settings
 from producer.reader import Row, RowDefaults, RowError, read_rows
 
 BATCH_ITEMS = 2000
@@ -29,13 +32,25 @@ RESULT_TTL = 7 * 24 * 3600
 FAILURE_TTL = 30 * 24 * 3600
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class EnqueueOptions:
+    """How the chunks of one file are queued; the defaults live in :class:`~common.settings.Settings`."""
+
     output: str
-    chunk_size: int = 4
-    job_timeout: int = 3600
-    max_retries: int = 3
-    retry_intervals: tuple[int, ...] = (5, 30, 120)
+    chunk_size: int
+    job_timeout: int
+    max_retries: int
+    retry_intervals: tuple[int, ...]
+
+    @classmethod
+    def from_settings(cls, settings: Settings, output: str) -> EnqueueOptions:
+        return cls(
+            output=output,
+            chunk_size=settings.chunk_size,
+            job_timeout=settings.job_timeout,
+            max_retries=settings.max_retries,
+            retry_intervals=tuple(settings.retry_intervals()),
+        )
 
 
 @dataclass
@@ -79,14 +94,16 @@ def check_file(path: Path, defaults: RowDefaults, on_row: Callable[[], None] | N
     return rows
 
 
-def _chunks(rows: Iterator[Row], filter_new: Callable[[list[tuple[str, Row]]], list[tuple[str, Row]]], size: int):
-    """Group new items into chunks of equal :class:`GenParams`, ``size`` items each (the last may be short)."""
+def _chunks(
+    batches: Iterator[list[tuple[str, Row]]], size: int
+) -> Iterator[tuple[GenParams, list[tuple[str, PromptItem]]] | None]:
+    """Group new items into chunks of equal :class:`GenParams`, ``size`` items each (the last may
+    be short). Yields ``None`` after each batch, so the caller can queue what is ready before the
+    next batch is looked up; an item that appears twice in the file is chunked once."""
     buffers: dict[GenParams, list[tuple[str, PromptItem]]] = {}
     pending: set[str] = set()
-    batch: list[tuple[str, Row]] = []
-
-    def drain() -> Iterator[tuple[GenParams, list[tuple[str, PromptItem]]]]:
-        for key, row in filter_new(batch):
+    for batch in batches:
+        for key, row in batch:
             if key in pending:
                 continue
             pending.add(key)
@@ -96,37 +113,38 @@ def _chunks(rows: Iterator[Row], filter_new: Callable[[list[tuple[str, Row]]], l
                 del buffers[row.params]
                 pending.difference_update(k for k, _ in buffer)
                 yield row.params, buffer
-        batch.clear()
-
-    for row in rows:
-        batch.append((item_key(row.params, row.item), row))
-        if len(batch) >= BATCH_ITEMS:
-            yield from drain()
-    yield from drain()
+        yield None
     yield from buffers.items()
 
 
 class Enqueuer:
-    """Pass two: dedupe against Redis and enqueue chunk jobs, a pipeline per batch."""
+    """Pass two: look each batch of rows up in the ledger, chunk the new ones, and queue each chunk
+    with the ledger's CLAIM script (a pipeline of them per batch).
+
+    CLAIM queues a chunk only if none of its items was queued meanwhile, atomically, so producers
+    that race on the same file queue every item once; what another producer took first is
+    reported as known, and the rest of that chunk is queued as a smaller chunk."""
 
     def __init__(self, conn: redis.Redis, queue_name: str, options: EnqueueOptions) -> None:
         self.conn = conn
         self.queue: Queue = get_queue(queue_name, conn, lean=True)
+        self.ledger = Ledger(conn)
         self.items_key = items_key(queue_name)
         self.options = options
         self.report = EnqueueReport()
-        self._ready: list[tuple[GenParams, list[tuple[str, PromptItem]]]] = []
+        self._redo: set[str] = set()  # done items whose images are gone: made again
         self._output = Path(options.output)
         self._output_visible = self._output.is_dir()
 
     def classify(self, batch: list[tuple[str, Row]]) -> list[tuple[str, Row]]:
-        """Return the items of ``batch`` that are neither queued, running, failed nor done."""
-        self._flush()  # chunks made from earlier batches must be visible to this lookup
+        """Return the items of ``batch`` that are neither queued, running, failed nor done.
+
+        A read-only look-up: CLAIM decides for good when the chunk is queued."""
         if not batch:
             return []
         unique = list(dict.fromkeys(key for key, _ in batch))
         states = dict(zip(unique, self.conn.hmget(self.items_key, unique), strict=True))
-        owners = {v.decode() for v in states.values() if v is not None and v != DONE.encode()}
+        owners = {_owner(v) for v in states.values() if v is not None and v != DONE.encode()}
         with self.conn.pipeline(transaction=False) as pipe:
             for owner in owners:
                 pipe.hget(Job.key_for(owner), "status")
@@ -138,12 +156,14 @@ class Enqueuer:
                 continue
             seen.add(key)
             state = states[key]
+            status = statuses.get(_owner(state)) if state is not None and state != DONE.encode() else None
             if state == DONE.encode() and self._images_missing(key, row):
                 self.report.missing_images += 1
+                self._redo.add(key)
                 fresh.append((key, row))
-            elif state is None or (state != DONE.encode() and statuses.get(state.decode()) is None):
+            elif state is None or (state != DONE.encode() and status is None):
                 fresh.append((key, row))
-            elif state != DONE.encode() and statuses.get(state.decode()) == b"failed":
+            elif status == b"failed":
                 self.report.failed_items += 1
             else:
                 self.report.known_items += 1
@@ -158,48 +178,91 @@ class Enqueuer:
         return not all(image_path(self._output, key, i).exists() for i in range(row.item.num_images))
 
     def enqueue(self, path: Path, defaults: RowDefaults, on_row: Callable[[int], None] | None = None) -> EnqueueReport:
-        rows = (r for r in read_rows(path, defaults) if isinstance(r, Row))
-
-        def counted() -> Iterator[Row]:
-            for row in rows:
+        def batches() -> Iterator[list[tuple[str, Row]]]:
+            batch: list[tuple[str, Row]] = []
+            for row in read_rows(path, defaults):
+                if not isinstance(row, Row):
+                    continue
                 self.report.rows += 1
                 if on_row:
                     on_row(self.report.rows)
-                yield row
+                batch.append((item_key(row.params, row.item), row))
+                if len(batch) >= BATCH_ITEMS:
+                    yield self.classify(batch)
+                    batch = []
+            yield self.classify(batch)
 
-        for chunk in _chunks(counted(), self.classify, self.options.chunk_size):
-            self._ready.append(chunk)
-        self._flush()
+        ready: list[tuple[GenParams, list[tuple[str, PromptItem]]]] = []
+        for chunk in _chunks(batches(), self.options.chunk_size):
+            if chunk is None:
+                self._queue(ready)  # before the next batch is looked up
+                ready = []
+            else:
+                ready.append(chunk)
+        self._queue(ready)
         return self.report
 
-    def _flush(self) -> None:
-        chunks = self._ready
-        if not chunks:
-            return
-        with self.conn.pipeline(transaction=True) as pipe:
-            datas = []
-            for params, keyed in chunks:
-                keys = [key for key, _ in keyed]
-                spec = JobSpec(params=params, output=self.options.output, items=tuple(i for _, i in keyed))
-                jid = job_id(keys, spec.output)
-                datas.append(
-                    Queue.prepare_data(
-                        TASK_FUNC,
-                        kwargs={"spec": spec.to_dict()},
-                        job_id=jid,
-                        description=spec.describe(),
-                        timeout=self.options.job_timeout,
-                        result_ttl=RESULT_TTL,
-                        failure_ttl=FAILURE_TTL,
-                        retry=Retry(max=self.options.max_retries, interval=list(self.options.retry_intervals))
-                        if self.options.max_retries
-                        else None,
-                    )
-                )
-                pipe.hset(self.items_key, mapping=dict.fromkeys(keys, jid))
-                self.report.new_items += len(keys)
-                self.report.images += spec.num_images
-                self.report.jobs += 1
-            self.queue.enqueue_many(datas, pipeline=pipe)
-            pipe.execute()
-        chunks.clear()
+    def _queue(self, chunks: list[tuple[GenParams, list[tuple[str, PromptItem]]]]) -> None:
+        """CLAIM each chunk (one pipeline); chunks that lost items to another producer are
+        queued again without them."""
+        while chunks:
+            with self.conn.pipeline(transaction=False) as pipe:
+                specs = [self._job(pipe, params, keyed) for params, keyed in chunks]
+                answers = pipe.execute()
+            retry: list[tuple[GenParams, list[tuple[str, PromptItem]]]] = []
+            for (params, keyed), spec, taken in zip(chunks, specs, answers, strict=True):
+                taken_keys = {t.decode() if isinstance(t, bytes) else str(t) for t in taken}
+                if not taken_keys:
+                    self.report.new_items += len(keyed)
+                    self.report.images += spec.num_images
+                    self.report.jobs += 1
+                    continue
+                if "*job" in taken_keys:  # a live job with this very id: its items are queued
+                    taken_keys = {key for key, _ in keyed}
+                self.report.known_items += len(taken_keys)
+                left = [(key, item) for key, item in keyed if key not in taken_keys]
+                if left:
+                    retry.append((params, left))
+            chunks = retry
+
+    def _job(self, pipe: redis.client.Pipeline, params: GenParams, keyed: list[tuple[str, PromptItem]]) -> JobSpec:
+        """Queue CLAIM of one chunk's job on ``pipe``; return its spec."""
+        keys = [key for key, _ in keyed]
+        spec = JobSpec(params=params, output=self.options.output, items=tuple(i for _, i in keyed))
+        jid = job_id(keys, spec.output, self.queue.name)
+        job = self.queue.create_job(
+            TASK_FUNC,
+            kwargs={"spec": spec.to_dict()},
+            job_id=jid,
+            description=spec.describe(),
+            timeout=self.options.job_timeout,
+            result_ttl=RESULT_TTL,
+            failure_ttl=FAILURE_TTL,
+            retry=Retry(max=self.options.max_retries, interval=list(self.options.retry_intervals))
+            if self.options.max_retries
+            else None,
+            status=JobStatus.QUEUED,
+        )
+        job.origin = self.queue.name
+        job.enqueued_at = now()
+        fields: list[bytes | str] = []
+        for name, value in job.to_dict().items():
+            fields += [name, value if isinstance(value, bytes | str) else str(value)]
+        self.ledger.claim(
+            client=pipe,
+            items_key=self.items_key,
+            queue_key=self.queue.key,
+            job_key=job.key,
+            queues_key=self.queue.redis_queues_keys,
+            job_id=jid,
+            keys=keys,
+            redo=[key in self._redo for key in keys],
+            job_fields=fields,
+        )
+        return spec
+
+
+def _owner(state: bytes | None) -> str:
+    """The job id an item's ledger state points at (``<id>`` or ``r:<id>``)."""
+    text = (state or b"").decode()
+    return text.removeprefix(REDO_PREFIX)

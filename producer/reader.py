@@ -19,6 +19,7 @@ from typing import Any
 from common.errors import InputFileError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
 from common.naming import derived_seed
+from common.presets import check_adapter
 
 COLUMNS = (
     "prompt",
@@ -55,6 +56,8 @@ class RowDefaults:
     seed: int | None = None
     adapter: str | None = None
     adapter_scale: float = 1.0
+    #: refuse rows whose adapter path does not exist on this machine
+    check_paths: bool = True
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         adapter,
         float(values.get("adapter_scale", defaults.adapter_scale)) if adapter else 1.0,
     )
+    if adapter and defaults.check_paths:
+        _check_adapter(adapter)
     prompt = values["prompt"]
     negative = values.get("negative_prompt", "")
     row_id = values.get("id")
@@ -127,6 +132,11 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
 def _params(*values: Any) -> GenParams:
     """Rows of a file mostly share their settings: build and validate each combination once."""
     return GenParams(*values).validate()
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_adapter(adapter: str) -> None:
+    check_adapter(adapter)
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -6,6 +6,7 @@ failures are fetched one by one, so status stays fast with millions of jobs queu
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from rq.registry import (
 )
 from rq.serializers import JSONSerializer
 
-from common.queues import RECENT_WINDOW_S, get_queue, images_key, recent_key
+from common.queues import RECENT_WINDOW_S, get_queue, images_key, paused_key, recent_key
 from producer.progress import format_duration
 
 MAX_FAILURES_SHOWN = 5
@@ -48,6 +49,8 @@ class QueueStatus:
     running_jobs: list[RunningJob] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)
+    #: live workers that take no jobs (or not some), and why: full disk, a model they cannot load
+    paused: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -122,6 +125,9 @@ def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus) -> No
         worker = (job.worker_name if job else None) or "?"
         status.running_jobs.append(RunningJob(jid, worker, _progress_text(job)))
     status.workers = sorted(w.name for w in Worker.all(queue=queue))
+    for name, raw in conn.hgetall(paused_key(queue_name)).items():
+        if name.decode() in status.workers:
+            status.paused[name.decode()] = json.loads(raw).get("reasons", [])
     failed_ids = FailedJobRegistry(queue=queue).get_job_ids(0, MAX_FAILURES_SHOWN - 1)
     for jid, job in zip(
         failed_ids, Job.fetch_many(failed_ids, connection=conn, serializer=JSONSerializer), strict=True
@@ -153,4 +159,6 @@ def render(status: QueueStatus, redis_label: str) -> str:
     else:
         lines.append("  rate      - (no job finished in the last 10 minutes)")
     lines.append(f"  workers   {len(status.workers)}" + (": " + ", ".join(status.workers) if status.workers else ""))
+    for name, reasons in sorted(status.paused.items()):
+        lines += [f"  paused    {name}: {reason}" for reason in reasons]
     return "\n".join(lines)

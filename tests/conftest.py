@@ -3,6 +3,7 @@ run the real CLIs (in-process for the producer, as subprocesses for workers)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -16,6 +17,10 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from PIL import Image
+from rq.job import Job
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -156,3 +161,29 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
 
 def images_under(output: Path) -> list[Path]:
     return sorted(output.rglob("*.png"))
+
+
+#: long enough per job (about 4 s on 2 CPU cores) that a signal lands mid-denoising
+SLOW = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "60")
+
+
+def running_job(conn: redis.Redis, worker: str, min_step: int = 2, queue: str = "diffq") -> Job | None:
+    """The job ``worker`` is denoising (at least ``min_step`` steps in), if any."""
+    for job_id in StartedJobRegistry(queue, connection=conn).get_job_ids(cleanup=False):
+        job = Job.fetch(job_id, connection=conn, serializer=JSONSerializer)
+        if job.worker_name == worker and (job.meta.get("step") or 0) >= min_step:
+            return job
+    return None
+
+
+def assert_exactly_once(output: Path, expected: int) -> None:
+    """``expected`` images, each one whole, no temp file left, one metadata line per image."""
+    images = images_under(output)
+    assert len(images) == expected
+    for path in images:
+        with Image.open(path) as image:
+            image.load()  # a half-written PNG would fail here
+    assert not [p for p in output.rglob("*") if p.name.endswith(".tmp")]
+    lines = (output / "metadata.jsonl").read_text().splitlines()
+    files = [json.loads(line)["file"] for line in lines]
+    assert sorted(files) == sorted(str(p.relative_to(output)) for p in images)

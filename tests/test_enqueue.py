@@ -11,6 +11,7 @@ from rq.serializers import JSONSerializer
 
 from common.jobspec import JobSpec
 from common.queues import get_queue, items_key
+from common.settings import Settings
 from producer.enqueue import EnqueueOptions, Enqueuer
 from producer.reader import RowDefaults
 
@@ -90,7 +91,8 @@ def _enqueue_peak(conn, path, rows: int) -> int:
     path.write_text("prompt\n" + "".join(f"prompt number {i}\n" for i in range(rows)))
     conn.flushall()
     tracemalloc.start()
-    Enqueuer(conn, "diffq", EnqueueOptions("/tmp/out", chunk_size=4)).enqueue(path, RowDefaults(model="tiny"))
+    options = EnqueueOptions.from_settings(Settings().with_(chunk_size=4), "/tmp/out")
+    Enqueuer(conn, "diffq", options).enqueue(path, RowDefaults(model="tiny"))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak

@@ -4,7 +4,6 @@ opens, has one metadata line, and no temp file is left behind."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,16 +13,24 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import ROOT, TINY_FLAGS, RedisServer, free_port, images_under, producer, start_worker, wait_for
-from PIL import Image
+from conftest import (
+    ROOT,
+    SLOW,
+    TINY_FLAGS,
+    RedisServer,
+    assert_exactly_once,
+    free_port,
+    images_under,
+    producer,
+    running_job,
+    start_worker,
+    wait_for,
+)
 from rq.job import Job
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.queues import get_queue
-
-#: long enough per job (about 4 s on 2 CPU cores) that a signal lands mid-denoising
-SLOW = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "60")
 
 
 def enqueue(tmp_path: Path, rows: int, chunk: int, flags: tuple[str, ...]) -> Path:
@@ -33,27 +40,6 @@ def enqueue(tmp_path: Path, rows: int, chunk: int, flags: tuple[str, ...]) -> Pa
     result = producer("enqueue", path, *flags, "--chunk-size", str(chunk), "--output", output)
     assert result.exit_code == 0, result.output
     return output
-
-
-def running_job(conn: redis.Redis, worker: str, min_step: int = 2) -> Job | None:
-    """The job ``worker`` is denoising (at least ``min_step`` steps in), if any."""
-    for job_id in StartedJobRegistry("diffq", connection=conn).get_job_ids(cleanup=False):
-        job = Job.fetch(job_id, connection=conn, serializer=JSONSerializer)
-        if job.worker_name == worker and (job.meta.get("step") or 0) >= min_step:
-            return job
-    return None
-
-
-def assert_exactly_once(output: Path, expected: int) -> None:
-    images = images_under(output)
-    assert len(images) == expected
-    for path in images:
-        with Image.open(path) as image:
-            image.load()  # a half-written PNG would fail here
-    assert not [p for p in output.rglob("*") if p.name.endswith(".tmp")]
-    lines = (output / "metadata.jsonl").read_text().splitlines()
-    files = [json.loads(line)["file"] for line in lines]
-    assert sorted(files) == sorted(str(p.relative_to(output)) for p in images)
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> int:

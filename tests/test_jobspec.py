@@ -76,4 +76,4 @@ def test_image_names_come_only_from_hex_keys():
     assert image_relpath(key, 0) == f"images/{key[:2]}/{key}-0.png"
     with pytest.raises(ValueError):
         image_relpath("../../etc/passwd", 0)
-    assert ":" not in job_id([key], "/tmp/out")
+    assert ":" not in job_id([key], "/tmp/out", "diffq")

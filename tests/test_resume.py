@@ -8,7 +8,7 @@ import json
 from conftest import TINY_FLAGS, images_under, producer, run_worker, write_csv
 from rq.registry import FinishedJobRegistry
 
-from common.queues import get_queue
+from common.queues import get_queue, images_key
 
 
 def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_path):
@@ -40,8 +40,9 @@ def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_
     records = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
     files = {r["file"] for r in records}
     assert files == {str(p.relative_to(out)) for p in images_under(out)}
-    assert len(records) == 9  # the remade image has a second line; the last line of a file wins
+    assert len(records) == 8  # the remade image keeps its one line: exactly one per image
     assert FinishedJobRegistry("diffq", connection=conn).count >= 5
+    assert int(conn.get(images_key("diffq"))) == 8  # the counter equals the files, remade image included
 
     final = producer(*args)
     assert "0 new, 8 already queued or done" in final.output

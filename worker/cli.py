@@ -107,8 +107,15 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     log = logging.getLogger("diffq.worker")
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)
-    worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name, lease=lease)
-    runtime.install(runtime.Runtime(settings, pipelines, worker_name=name))
+    rt = runtime.install(runtime.Runtime(settings, pipelines, worker_name=name))
+    worker = DiffqWorker(
+        [get_queue(settings.queue, conn)],
+        connection=conn,
+        name=name,
+        lease=lease,
+        runtime=rt,
+        heartbeat_ttl=settings.heartbeat_ttl,
+    )
     log.info(
         "worker %s serving queue %r at %s on %s (%s, speedups %s)",
         name,

@@ -40,3 +40,17 @@ def fail_early_attempts(attempt: int, fail_attempts: int) -> None:
         raise InjectedFault(
             f"injected transient fault on attempt {attempt} (DIFFQ_FAULT_FAIL_ATTEMPTS={fail_attempts})"
         )
+
+
+def block_in_c(size: int) -> None:
+    """Hold the main thread in one long C call (a ``size``-square float64 matrix product), as a
+    VAE decode at 4096² or a model load does: Python runs no signal handler until it returns."""
+    if size <= 0:
+        return
+    import logging
+
+    log = logging.getLogger("diffq.worker")
+    a = torch.ones(size, size, dtype=torch.float64)
+    log.warning("fault: a %d² matrix product in one C call starts (DIFFQ_FAULT_BLOCK_DECODE)", size)
+    torch.mm(a, a)
+    log.warning("fault: the C call returned")

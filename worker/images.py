@@ -8,9 +8,14 @@ support) never interleave lines.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -18,8 +23,17 @@ from typing import Any
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from common.errors import OutputNotWritable
+from common.errors import OutputNotWritable, OutputUnavailable
 from common.naming import METADATA_FILE
+
+#: what a full, read-only or vanished output folder raises; none of them is the job's fault
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
+                      errno.ESTALE, errno.ENOTCONN}  # fmt: skip
+#: bytes kept free on the output's filesystem beyond what a job writes (metadata, other writers)
+SPACE_RESERVE = 1 << 20
+#: a temp file this old is a dead writer's, even on another host sharing the folder
+STALE_TEMP_S = 3600
+PROBE_BYTES = 64 << 10
 
 
 def png_bytes(image: Image.Image, params: dict[str, Any]) -> bytes:
@@ -33,8 +47,19 @@ def png_bytes(image: Image.Image, params: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def unavailable(output: str | Path, exc: OSError) -> OutputUnavailable:
+    """The worker-side error for an OSError while writing under ``output``."""
+    why = exc.strerror or exc.__class__.__name__
+    return OutputUnavailable(f"output folder {str(output)!r} is not writable on this worker: {why}", output=str(output))
+
+
+def _host() -> str:
+    return socket.gethostname().split(".")[0]
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write to ``.<name>.<host>.<pid>.tmp`` beside ``path``, fsync, rename: a reader sees all or nothing."""
+    tmp = path.with_name(f".{path.name}.{_host()}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
@@ -59,60 +84,132 @@ def prepare_output(output: str | Path, allowed_root: str = "") -> Path:
         raise OutputNotWritable(f"output folder {str(output)!r} is outside DIFFQ_OUTPUT_ROOT={allowed_root}; refused")
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".diffq-write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
     except OSError as exc:
-        raise OutputNotWritable(
-            f"output folder {str(output)!r} is not writable on this worker: {exc.strerror}"
-        ) from None
+        raise unavailable(output, exc) from None
     return root
 
 
+def check_space(output: Path, needed: int) -> None:
+    """Refuse to start a job whose images would not fit: better to leave it queued than to
+    spend GPU time on images that cannot be written."""
+    try:
+        stat = os.statvfs(output)
+    except OSError as exc:
+        raise unavailable(output, exc) from None
+    free = stat.f_bavail * stat.f_frsize
+    if free < needed + SPACE_RESERVE:
+        raise OutputUnavailable(
+            f"output folder {str(output)!r} has {free / 2**20:.1f} MiB free on this worker and the next job needs "
+            f"about {(needed + SPACE_RESERVE) / 2**20:.1f} MiB: free some space",
+            output=str(output),
+            needed=needed,
+        )
+
+
+def probe_output(output: Path, needed: int) -> None:
+    """Can this worker write there now? Real bytes, fsynced, so a full disk fails here (a 0-byte
+    probe passes on a full disk), and enough room for the job that was given back."""
+    probe = output / f".diffq-probe.{_host()}.{os.getpid()}"
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise unavailable(output, exc) from None
+    finally:
+        with suppress(OSError):
+            probe.unlink(missing_ok=True)
+    check_space(output, needed)
+
+
 def remove_stale_temps(path: Path) -> int:
-    """Delete temp files a killed writer left for ``path``; the job now belongs to us."""
+    """Delete temp files that dead writers left for ``path``: a process of this host that is
+    gone, or anything older than :data:`STALE_TEMP_S`. A live writer's temp file is left
+    alone (it may be a stalled worker finishing the same image)."""
     removed = 0
+    host = _host()
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
-        removed += 1
+        parts = stale.name[len(path.name) + 2 : -len(".tmp")].rsplit(".", 1)
+        mine = len(parts) == 2 and parts[0] == host and parts[1].isdigit()
+        try:
+            old = time.time() - stale.stat().st_mtime > STALE_TEMP_S
+        except OSError:
+            continue
+        if (mine and not _alive(int(parts[1]))) or old:
+            stale.unlink(missing_ok=True)
+            removed += 1
     return removed
 
 
-def recorded_files(output: Path, files: set[str]) -> set[str]:
-    """Which of ``files`` already have a line in ``metadata.jsonl``.
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
-    Only needed when a retry finds images an interrupted attempt wrote (rare), so reading
-    the whole file then is fine; the common path never reads it.
-    """
-    found: set[str] = set()
-    path = output / METADATA_FILE
-    if not files or not path.exists():
-        return found
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
+
+class MetadataLog:
+    """``metadata.jsonl`` held under an exclusive ``flock`` (see :func:`locked_metadata`)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.handle.fileno()).st_size
+
+    def files_from(self, offset: int, files: set[str]) -> set[str]:
+        """Which of ``files`` have a line at or after byte ``offset`` (where an earlier execution
+        of the same items was about to append). A torn last line is not a record."""
+        found: set[str] = set()
+        self.handle.seek(offset)
+        for raw in self.handle:
             try:
-                name = json.loads(line).get("file")
+                name = json.loads(raw).get("file")
             except (ValueError, AttributeError):
-                continue  # a torn last line from a killed writer is not a record
+                continue
             if name in files:
                 found.add(name)
-    return found
+        return found
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
+        end = self.handle.seek(0, os.SEEK_END)
+        if end:
+            self.handle.seek(end - 1)
+            if self.handle.read(1) != b"\n":
+                text = "\n" + text  # end a line torn by a writer that was killed mid-write
+        self.handle.seek(0, os.SEEK_END)
+        self.handle.write(text.encode("utf-8"))
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
 
 
-def append_metadata(output: Path, records: list[dict[str, Any]]) -> None:
-    if not records:
-        return
-    text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
-    with open(output / METADATA_FILE, "a+b") as handle:
+@contextmanager
+def locked_metadata(output: Path) -> Iterator[MetadataLog]:
+    """``metadata.jsonl`` under an exclusive ``flock``, so several workers on one machine (or one
+    NFS export with lock support) never interleave lines, and a job's ledger check, its lines and
+    its ledger commit happen as one step (see :mod:`common.ledger`)."""
+    try:
+        handle = open(output / METADATA_FILE, "a+b")  # noqa: SIM115 - closed below, after the unlock
+    except OSError as exc:
+        raise unavailable(output, exc) from None
+    try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            end = handle.seek(0, os.SEEK_END)
-            if end:
-                handle.seek(end - 1)
-                if handle.read(1) != b"\n":
-                    text = "\n" + text  # end a line torn by a writer that was killed mid-write
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
+            yield MetadataLog(handle)
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    except OSError as exc:
+        if exc.errno in ENVIRONMENT_ERRNOS:
+            raise unavailable(output, exc) from None
+        raise
+    finally:
+        handle.close()

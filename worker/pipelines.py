@@ -127,11 +127,7 @@ class PipelineCache:
             else:
                 pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
         except Exception as exc:  # diffusers raises OSError, ValueError, HF hub errors...
-            presets = ", ".join(MODEL_PRESETS)
-            raise ModelLoadError(
-                f"model {model!r} cannot be loaded: {_first_line(exc)} "
-                f"(use a hub id, a local diffusers folder, or a preset: {presets})"
-            ) from exc
+            raise ModelLoadError(f"model {model!r} cannot be loaded: {load_failure(exc)}") from exc
         if not isinstance(pipe, StableDiffusionXLPipeline | FluxPipeline):
             raise ModelLoadError(
                 f"model {model!r} is a {type(pipe).__name__}; diffq runs SDXL and FLUX pipelines "
@@ -190,6 +186,31 @@ class PipelineCache:
         log.info("adapter %s loaded as %s in %.2fs", adapter, name, time.perf_counter() - started)
         loaded.adapters[adapter] = name
         return name
+
+
+def load_failure(exc: BaseException) -> str:
+    """One line a user can act on, for a failed ``from_pretrained``. diffusers' own message is
+    several hundred characters long and points at "the stacktrace above", which a user reading
+    ``producer status`` does not have (the worker logs it once)."""
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(str(e) for e in chain)
+    if any(isinstance(e, GatedRepoError) for e in chain):
+        return "the repository is gated: accept its licence on the Hub and give the workers HF_TOKEN"
+    if any(isinstance(e, RepositoryNotFoundError) for e in chain):
+        return "no such repository on the Hugging Face Hub, or a private one: check the id, or give workers HF_TOKEN"
+    if any(isinstance(e, LocalEntryNotFoundError | ConnectionError) for e in chain) or "not fully cached" in text:
+        presets = ", ".join(MODEL_PRESETS)
+        return (
+            "not in this worker's cache and not downloadable from here (no network, HF_HUB_OFFLINE, or no such "
+            f"repository): check the id and the worker's network, or use a local folder or a preset ({presets})"
+        )
+    return _first_line(exc)[:300]
 
 
 def _first_line(exc: BaseException) -> str:

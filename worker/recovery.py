@@ -1,12 +1,12 @@
 """Give jobs of dead workers back to the queue, quickly and exactly once.
 
 A worker that is SIGKILLed, OOM-killed or preempted leaves its job in RQ's started registry
-with an expiry score (the last heartbeat plus :data:`HEARTBEAT_TTL_S`). RQ's own clean-up
-runs only between jobs every ``maintenance_interval`` and re-queues an abandoned job only
-while it has retries left, using one up; with a busy fleet the job could sit there for its
-whole timeout. Here every live worker's keeper thread looks every :data:`REAP_INTERVAL_S`
-and puts expired jobs back at the front of their queue without using a retry: dying is
-not the job's fault. A job that has killed :data:`MAX_ABANDONED` workers is failed instead,
+with an expiry score (the last heartbeat plus the heartbeat TTL, ``DIFFQ_HEARTBEAT_TTL``).
+RQ's own clean-up runs only between jobs every ``maintenance_interval`` and re-queues an
+abandoned job only while it has retries left, using one up; with a busy fleet the job could
+sit there for its whole timeout. Here every live worker's keeper thread looks every third of
+the TTL and puts expired jobs back at the front of their queue without using a retry: dying
+is not the job's fault. A job that has killed :data:`MAX_ABANDONED` workers is failed instead,
 with a reason that says so (it is likely what kills them, e.g. a host OOM).
 
 It holds RQ's maintenance lock for the queue while it works, so it never races RQ's own
@@ -26,11 +26,18 @@ from rq.utils import parse_composite_key
 
 log = logging.getLogger("diffq.worker")
 
-#: a running job's heartbeat is renewed every KEEPALIVE_INTERVAL_S; it is taken for dead after this
-HEARTBEAT_TTL_S = 30
-KEEPALIVE_INTERVAL_S = 5.0
-REAP_INTERVAL_S = 10.0
 MAX_ABANDONED = 3
+
+
+def give_back(queue: Queue, job: Job, reason: str, *, at_front: bool = True) -> None:
+    """Put ``job`` back on ``queue`` with its retries untouched, saying why in ``job.meta``.
+
+    For everything that is not the job's fault: its worker died or stalled, was stopped cold,
+    lost a group rank, or cannot run it here (full disk, a model it cannot load). The caller
+    has already taken the job's execution out of the started registry."""
+    job.meta["error"] = reason
+    job.save_meta()
+    queue.enqueue_job(job, at_front=at_front)
 
 
 def requeue_abandoned(queue: Queue, now: float | None = None) -> list[str]:
@@ -71,9 +78,7 @@ def _requeue_expired(queue: Queue, now: float) -> list[str]:
                 pipe.execute()
             log.warning("job %s failed: %s", job_id, reason)
         else:
-            job.meta["error"] = f"its worker stopped mid-job; re-queued ({abandoned}/{MAX_ABANDONED})"
-            job.save_meta()
-            queue.enqueue_job(job, at_front=True)
+            give_back(queue, job, f"its worker stopped mid-job; re-queued ({abandoned}/{MAX_ABANDONED})")
             log.warning("job %s: its worker stopped heartbeating; re-queued at the front", job_id)
         handled.append(job_id)
     return handled

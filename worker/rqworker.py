@@ -1,45 +1,64 @@
-"""The RQ worker class: in-process execution (no fork), heartbeats from a keeper thread,
-fast recovery of dead workers' jobs, and shutdowns that lose nothing.
+"""The RQ worker class: in-process execution (no fork), heartbeats from a keeper thread, fast
+recovery of dead workers' jobs, signals heard at once, and a worker that pauses rather than
+fail jobs for its own environment.
 
 RQ's default ``Worker`` forks a work-horse per job: CUDA does not survive ``fork`` and the
 child would load the model again for every job. ``SimpleWorker`` runs jobs in-process, but
-then nothing refreshes the worker's and the job's heartbeats while a long job runs (model
-load, a 30-step batch at 1024²). Three things are added here:
+then nothing refreshes the worker's and the job's heartbeats while a long job runs. Added here:
 
-- A keeper thread renews the heartbeats of the worker, the execution and the job every
-  :data:`KEEPALIVE_INTERVAL_S` while a job runs (the diffusion step callback also reports
-  progress into ``job.meta``), and re-queues jobs of dead workers every
-  :data:`REAP_INTERVAL_S` (see :mod:`worker.recovery`). A job that hangs is ended by its
-  timeout, which RQ enforces in the main thread.
-- Ctrl-C / SIGTERM: finish the current job, take no new one, exit 0. A second signal stops
-  at once (exit 1) and puts the interrupted job back at the front of its queue without
-  using one of its retries.
-- RQ's scheduler runs in a child process that outlives a SIGKILLed worker; instead the keeper
-  moves retries that are due from the scheduled registry back to the queue.
-- ``--burst`` does not quit while jobs of its queues wait in the scheduled registry for a
-  retry backoff: a burst run ends when the work is done, not when the list is momentarily empty.
+- A keeper thread renews the heartbeats of the worker and the running execution every sixth
+  of ``DIFFQ_HEARTBEAT_TTL``, re-queues jobs of dead workers every third of it (see
+  :mod:`worker.recovery`) and moves retries that are due back to the queue. It renews only an
+  execution that is still in the started registry: a worker that was stalled past the TTL
+  finds its job given away and says so, and the job function records nothing for it.
+- Signals (:mod:`worker.signals`): the first Ctrl-C / SIGTERM finishes the current job and
+  takes no new one (exit 0); a second one, more than a second later, puts the job back at the
+  front of its queue without using a retry and exits 1 at once, even mid-decode.
+- Environment failures (:class:`~common.errors.WorkerUnavailable`): a full or read-only disk
+  gives the job back at the front and pauses the worker, which probes with backoff and goes on
+  when the disk can take the next job; a model or adapter the worker failed to load twice
+  (:mod:`worker.breaker`) gives its jobs back for other workers. Either shows in
+  ``producer status`` and as the worker's ``suspended`` state in rq-dashboard.
+- ``--burst`` does not quit while jobs of its queues wait in the scheduled registry for a retry
+  backoff or run on other workers (which may die and have their job re-queued).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from rq import SimpleWorker
+from rq.exceptions import StopRequested
+from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
+from rq.utils import now
+from rq.worker import WorkerStatus
 
-from worker.failures import record_failure
+from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
+from common.queues import paused_key
+from worker.failures import classify, record_failure
+from worker.images import probe_output
 from worker.lease import GpuLease
-from worker.recovery import HEARTBEAT_TTL_S, KEEPALIVE_INTERVAL_S, REAP_INTERVAL_S, requeue_abandoned
+from worker.recovery import give_back, requeue_abandoned
+from worker.runtime import Runtime
+from worker.signals import SignalWatcher
+from worker.task import JobLost
 
 log = logging.getLogger("diffq.worker")
 
@@ -49,6 +68,11 @@ EXIT_COLD = 1
 EXIT_LEASE_LOST = 3
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
+DEFAULT_HEARTBEAT_TTL_S = 30
+#: longest wait between two probes of a paused worker's output folder
+PAUSE_MAX_BACKOFF_S = 30.0
+#: longest wait after giving back a job this worker does not take
+GIVE_BACK_MAX_WAIT_S = 30.0
 
 
 def worker_name(gpu_label: str) -> str:
@@ -59,63 +83,137 @@ def worker_name(gpu_label: str) -> str:
     return f"diffq-{label}-{host}-{os.getpid()}"
 
 
-class ColdShutdown(SystemExit):
-    """Raised in the main thread by the second Ctrl-C / SIGTERM."""
+@dataclass
+class Pause:
+    reason: str
+    probe: Callable[[], None]
+    since: float
+    backoff: float = 1.0
+    next_probe: float = 0.0
 
 
 class DiffqWorker(SimpleWorker):
     serializer = JSONSerializer
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        lease: GpuLease | None = None,
+        runtime: Runtime | None = None,
+        heartbeat_ttl: int = DEFAULT_HEARTBEAT_TTL_S,
+        **kwargs: Any,
+    ) -> None:
+        self.heartbeat_ttl = heartbeat_ttl
+        self.keepalive_s = heartbeat_ttl / 6
+        self.reap_s = heartbeat_ttl / 3
         kwargs.setdefault("serializer", JSONSerializer)
         kwargs.setdefault("exception_handlers", [record_failure])
-        kwargs.setdefault("worker_ttl", WORKER_TTL_S)
-        kwargs.setdefault("job_monitoring_interval", int(KEEPALIVE_INTERVAL_S))
-        self.lease: GpuLease | None = kwargs.pop("lease", None)
-        self.lease_lost = False
+        kwargs.setdefault("worker_ttl", max(WORKER_TTL_S, 2 * heartbeat_ttl))
+        kwargs.setdefault("job_monitoring_interval", max(1, int(self.keepalive_s)))
         super().__init__(*args, **kwargs)
+        self.lease = lease
+        self.lease_lost = False
+        self.runtime = runtime
+        #: set by a subclass to end the work loop with this exit status after the current job
+        self.exit_after_job: int | None = None
+        self.paused: Pause | None = None
         self._running: Job | None = None
-        self._cold = False
-        self._cold_code = EXIT_COLD
-        self._cold_reason = ""
+        self._running_queue: Queue | None = None
+        self._lost: str | None = None  # id of a running job this worker no longer owns
+        self._told: set[str] = set()  # failure causes whose traceback was logged once
+        self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
+        self._keeper_failures = 0
         self._keeper_stop = threading.Event()
-        self._keeper: threading.Thread | None = None
+        self._signals = SignalWatcher(self._warm_stop, self._cold_stop)
+        self._scheduler: RQScheduler | None = None
 
     # -- heartbeats and recovery ------------------------------------------------------------
 
     def get_heartbeat_ttl(self, job: Job) -> int:
         """Short, so a dead worker's job is noticed in seconds; the keeper renews it."""
-        return HEARTBEAT_TTL_S
+        return self.heartbeat_ttl
+
+    def prepare_execution(self, job: Job) -> Execution:
+        execution = super().prepare_execution(job)
+        if self.runtime is not None:
+            self.runtime.execution = execution.composite_key
+        return execution
+
+    def maintain_heartbeats(self, job: Job) -> None:
+        """The worker's, the execution's and the job's heartbeats; the execution only if it is
+        still in the started registry (``XX``), so a worker back from a stall cannot take its
+        job back from the worker that has it now."""
+        execution = self.execution
+        if execution is None:
+            return
+        ttl = self.get_heartbeat_ttl(job)
+        with self.connection.pipeline() as pipe:
+            self.heartbeat(self.worker_ttl, pipeline=pipe)
+            execution.heartbeat(job.started_job_registry, ttl, pipeline=pipe)
+            job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
+            pipe.execute()
+
+    def owns(self, job: Job) -> bool:
+        """Is this worker's execution of ``job`` still the one in the started registry?"""
+        execution = self.execution
+        if execution is None:
+            return False
+        return self.connection.zscore(job.started_job_registry.key, execution.composite_key) is not None
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)
+        self._scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)
+        self._scheduler.log.setLevel(logging.WARNING)  # it logs every lock it takes, every few seconds
         self._keeper_stop.clear()
-        self._keeper = threading.Thread(target=self._keep, name="diffq-keeper", daemon=True)
-        self._keeper.start()
+        threading.Thread(target=self._keep, name="diffq-keeper", daemon=True).start()
 
     def teardown(self) -> None:
         self._keeper_stop.set()
+        with suppress(Exception):
+            self.connection.hdel(paused_key(self.queues[0].name), self.name)
         super().teardown()
 
     def _keep(self) -> None:
         last_reap = 0.0
-        while not self._keeper_stop.wait(KEEPALIVE_INTERVAL_S):
+        while not self._keeper_stop.wait(self.keepalive_s):
             try:
-                job = self._running
-                if job is not None and self.execution is not None:
-                    self.maintain_heartbeats(job)
+                self._keep_running_job()
                 if self.lease is not None and not self.lease_lost and not self.lease.renew():
                     self.lease_lost = True
                     self._stop_requested = True
                     log.error("GPU lease %s was taken by another worker; stopping after this job", self.lease.index)
                 self._enqueue_due_retries()
+                self._publish_state()
                 self.keep_more()
-                if time.monotonic() - last_reap >= REAP_INTERVAL_S:
+                if time.monotonic() - last_reap >= self.reap_s:
                     last_reap = time.monotonic()
                     for queue in self.queues:
                         requeue_abandoned(queue)
-            except Exception as exc:  # the keeper must outlive Redis hiccups
-                log.debug("keeper: %s: %s", exc.__class__.__name__, exc)
+                self._keeper_failures = 0
+            except Exception as exc:  # the keeper must outlive Redis hiccups, and say so
+                self._keeper_failures += 1
+                log.warning(
+                    "keeper: %s: %s (%d failure(s) in a row; a running job is given to another worker "
+                    "if its heartbeat lapses for %ds)",
+                    exc.__class__.__name__,
+                    exc,
+                    self._keeper_failures,
+                    self.heartbeat_ttl,
+                )
+
+    def _keep_running_job(self) -> None:
+        job = self._running
+        if job is None or self.execution is None or self._lost == job.id:
+            return
+        if self.owns(job):
+            self.maintain_heartbeats(job)
+            return
+        self._lost = job.id
+        log.warning(
+            "job %s: its heartbeat lapsed (was this worker stalled?) and it went to another worker; "
+            "this worker finishes its part but records nothing",
+            job.id,
+        )
 
     def keep_more(self) -> None:
         """More keeper work for subclasses (an xDiT group's rank 0 watches its peers here)."""
@@ -125,48 +223,163 @@ class DiffqWorker(SimpleWorker):
             requeue_abandoned(queue)
         super().clean_registries()
 
-    # -- jobs and shutdown ------------------------------------------------------------------
+    def _publish_state(self) -> None:
+        """Why this worker takes no jobs (or some of them), for ``producer status``."""
+        refusing = self.runtime.breaker.open() if self.runtime is not None else {}
+        reasons = [self.paused.reason] if self.paused else []
+        reasons += [f"not taking jobs for {what}: {why}" for what, why in refusing.items()]
+        key = paused_key(self.queues[0].name)
+        if reasons:
+            self.connection.hset(key, self.name, json.dumps({"reasons": reasons, "since": time.time()}))
+        else:
+            self.connection.hdel(key, self.name)
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        self._signals.install(self._on_signal_main)
+
+    def _on_signal_main(self, signum: int, frame: FrameType | None) -> None:
+        """Main thread, whenever Python gets to it: an idle worker stops waiting for a job. The
+        watcher thread has already done the rest."""
+        if self._running is None:
+            self._stop_requested = True
+            raise StopRequested()
+
+    def _warm_stop(self, signal_name: str) -> None:
+        self._stop_requested = True
+        job = self._running
+        with suppress(Exception):
+            self.set_shutdown_requested_date()
+        doing = f"finishing job {job.id}, then exiting" if job is not None else "exiting"
+        self.log.warning("Worker %s: %s: warm shutdown, %s (again for a cold one)", self.name, signal_name, doing)
+
+    def _cold_stop(self, signal_name: str) -> None:
+        """A second signal: the job goes back at the front of its queue and the process ends now,
+        whatever the main thread is in the middle of."""
+        job, queue = self._running, self._running_queue
+        try:
+            if job is not None and queue is not None and self._lost != job.id:
+                self.give_back(job, queue, f"interrupted by a cold shutdown of {self.name}; re-queued")
+                self.log.warning("Worker %s: %s: cold shutdown; job %s re-queued at the front", self.name,
+                                 signal_name, job.id)  # fmt: skip
+            else:
+                self.log.warning("Worker %s: %s: cold shutdown", self.name, signal_name)
+            self.register_death()
+            if self.lease is not None:
+                self.lease.release()
+        finally:
+            logging.shutdown()
+            os._exit(EXIT_COLD)
+
+    # -- jobs and their failures ------------------------------------------------------------
+
+    def give_back(self, job: Job, queue: Queue, reason: str, *, at_front: bool = True) -> None:
+        """End this worker's execution of ``job`` and put the job back, retries untouched."""
+        with self.connection.pipeline() as pipe:
+            self.cleanup_execution(job, pipeline=pipe)
+            pipe.execute()
+        give_back(queue, job, reason, at_front=at_front)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        self._running = job
+        self._running, self._running_queue = job, queue
         try:
             super().execute_job(job, queue)
         finally:
-            self._running = None
-        if self._cold:
-            raise ColdShutdown(self._cold_code)
-
-    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
-        # the same signal delivered twice within a second (launcher + terminal) counts once
-        requested = self._shutdown_requested_date
-        if requested is not None and time.time() - requested.timestamp() < 1:
-            return
-        self.log.warning("Worker %s: cold shut down: the current job goes back to the queue", self.name)
-        self._cold = True
-        raise ColdShutdown(EXIT_COLD)
+            self._running = self._running_queue = None
+            if self.runtime is not None:
+                self.runtime.execution = None
+        if self.exit_after_job is not None:
+            raise SystemExit(self.exit_after_job)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
-        if self._cold:
-            return  # not the job's failure: no traceback, no error recorded
-        super().handle_exception(job, *exc_info)
+        """One line per failure in the log (the traceback once per cause), then the failure
+        handlers. Nothing at all for a job this worker lost or could not run here."""
+        exc = exc_info[1]
+        if isinstance(exc, JobLost) or not self.owns(job):
+            self._lost = job.id
+            return
+        if isinstance(exc, WorkerUnavailable):
+            return
+        failure = classify(exc)
+        cause = f"{type(exc).__name__}: {failure.reason}"
+        if cause in self._told:
+            self.log.error("Worker %s: job %s failed: %s", self.name, job.id, failure.reason)
+        else:
+            self._told.add(cause)
+            self.log.error("Worker %s: job %s failed: %s", self.name, job.id, failure.reason, exc_info=exc_info)
+        for handler in self._exc_handlers:
+            if handler(job, *exc_info) is False:
+                break
 
     def handle_job_failure(
         self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
     ) -> None:
-        if not self._cold:
-            # the one-line reason first: rq-dashboard shows this text as the job's exception
-            reason = job.meta.get("error")
-            if reason and exc_string:
-                exc_string = f"{reason}\n\n{exc_string}"
-            super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
+        exc = sys.exc_info()[1]  # RQ calls this inside its ``except`` block
+        if self._lost == job.id:
+            self.log.warning("Worker %s: job %s belongs to another worker now; recorded nothing", self.name, job.id)
+            with self.connection.pipeline() as pipe:
+                self.cleanup_execution(job, pipeline=pipe)
+                pipe.execute()
             return
-        with self.connection.pipeline() as pipe:
-            self.cleanup_execution(job, pipeline=pipe)
-            pipe.execute()
-        job.meta["error"] = self._cold_reason or f"interrupted by a cold shutdown of {self.name}; re-queued"
-        job.save_meta()
-        queue.enqueue_job(job, at_front=True)
-        self.log.warning("Worker %s: job %s re-queued at the front", self.name, job.id)
+        if isinstance(exc, WorkerUnavailable):
+            self._unavailable(job, queue, exc)
+            return
+        self._give_backs = 0
+        # the one-line reason first: rq-dashboard shows this text as the job's exception
+        reason = job.meta.get("error")
+        if reason and exc_string:
+            exc_string = f"{reason}\n\n{exc_string}"
+        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any) -> None:
+        self._give_backs = 0
+        super().handle_job_success(job, queue, started_job_registry)
+
+    def _unavailable(self, job: Job, queue: Queue, exc: WorkerUnavailable) -> None:
+        if isinstance(exc, NotServedHere):
+            self.give_back(job, queue, f"{self.name}: {exc}", at_front=False)  # for other workers
+            self._give_backs += 1
+            self.log.info("Worker %s: job %s given back: %s", self.name, job.id, exc)
+            return
+        self.give_back(job, queue, f"given back by {self.name}: {exc}")
+        if isinstance(exc, OutputUnavailable) and exc.output:
+            output, needed = Path(exc.output), exc.needed
+            self.pause(str(exc), lambda: probe_output(output, needed))
+
+    def pause(self, reason: str, probe: Callable[[], None]) -> None:
+        """Take no job until ``probe`` passes; it is tried with backoff while the keeper keeps
+        the worker alive. Said once in the log, and kept in Redis for ``producer status``."""
+        self.paused = Pause(reason, probe, since=time.time(), next_probe=time.monotonic() + 1.0)
+        self.log.error("Worker %s: paused, jobs stay queued: %s", self.name, reason)
+        with suppress(Exception):
+            self.set_state(WorkerStatus.SUSPENDED)
+            self._publish_state()
+
+    def _wait_out_pause(self) -> bool:
+        """Probe until the pause is over (True), or a stop is asked for (False)."""
+        pause = self.paused
+        while pause is not None:
+            if self._stop_requested:
+                return False
+            left = pause.next_probe - time.monotonic()
+            if left > 0:
+                time.sleep(min(left, 0.5))
+                continue
+            try:
+                pause.probe()
+            except WorkerUnavailable:
+                pause.backoff = min(pause.backoff * 2, PAUSE_MAX_BACKOFF_S)
+                pause.next_probe = time.monotonic() + pause.backoff
+                continue
+            self.log.warning("Worker %s: resumed after %.0fs: %s", self.name, time.time() - pause.since,
+                             "the output folder can take jobs again")  # fmt: skip
+            self.paused = pause = None
+            with suppress(Exception):
+                self._publish_state()
+        return True
+
+    # -- waiting for work -------------------------------------------------------------------
 
     #: a subclass that must act while no job runs (a group's rank 0 pings its ranks) sets this
     idle_every_s: int | None = None
@@ -177,7 +390,9 @@ class DiffqWorker(SimpleWorker):
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         said = ""
         while True:
-            if self._stop_requested:
+            if self._stop_requested or not self._wait_out_pause():
+                return None
+            if self._give_backs and not self._after_give_back(burst=timeout is None):
                 return None
             if timeout is not None and self.idle_every_s is not None:
                 # wait for a job in slices, with idle() between them
@@ -195,9 +410,21 @@ class DiffqWorker(SimpleWorker):
             if why != said:
                 self.log.info("Worker %s: burst: queue is empty but %s; waiting", self.name, why)
                 said = why
-            time.sleep(min(max(wait, 0.2), KEEPALIVE_INTERVAL_S))
+            time.sleep(min(max(wait, 0.2), self.keepalive_s))
             self._enqueue_due_retries()
             self.idle()
+
+    def _after_give_back(self, burst: bool) -> bool:
+        """After giving jobs back in a row: wait longer each time (the queue may hold nothing
+        else); a burst worker that went round the whole queue stops (False)."""
+        if burst and self._give_backs > sum(q.count for q in self.queues):
+            self.log.warning("Worker %s: burst: the queue holds only jobs this worker does not take; exiting",
+                             self.name)  # fmt: skip
+            return False
+        deadline = time.monotonic() + min(0.5 * 2 ** (self._give_backs - 1), GIVE_BACK_MAX_WAIT_S)
+        while time.monotonic() < deadline and not self._stop_requested:
+            time.sleep(0.2)
+        return not self._stop_requested
 
     def _unfinished_elsewhere(self) -> tuple[float | None, str]:
         """Work of our queues that may still come back to the queue: jobs scheduled for a retry
@@ -214,12 +441,12 @@ class DiffqWorker(SimpleWorker):
         if earliest is not None:
             return earliest - time.time(), "a retry is scheduled"
         if running:
-            return KEEPALIVE_INTERVAL_S, f"{running} job(s) still run on other workers"
+            return self.keepalive_s, f"{running} job(s) still run on other workers"
         return None, ""
 
     def _enqueue_due_retries(self) -> None:
-        scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)
-        if scheduler.acquire_locks():
+        scheduler = self._scheduler
+        if scheduler is not None and scheduler.acquire_locks():
             try:
                 scheduler.enqueue_scheduled_jobs()
             finally:

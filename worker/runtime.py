@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.settings import Settings
+from worker.breaker import Breaker
 from worker.pipelines import PipelineCache
 
 
@@ -21,6 +22,11 @@ class Runtime:
     worker_name: str = ""
     #: largest batch that fitted in memory, by (model, width, height), learnt from OOM splits
     batch_limits: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    #: models and adapters this worker failed to load (see :mod:`worker.breaker`)
+    breaker: Breaker = field(default_factory=Breaker)
+    #: the running job's entry in RQ's started registry (``<job id>:<execution id>``), set by the
+    #: diffq worker before each job: recording is fenced on it (see :mod:`common.ledger`)
+    execution: str | None = None
 
 
 _current: Runtime | None = None

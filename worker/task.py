@@ -1,9 +1,10 @@
-"""The RQ job function: turn one chunk spec into images on disk.
+"""The RQ job function: turn one chunk spec into images on disk, recorded exactly once.
 
-Reads top to bottom as the steps it takes: validate → skip what is done → warm pipeline →
-adapter → run the batch → write files → record. It is idempotent: every output name comes
-from the content hash, items already done are skipped, and an image found on disk from an
-interrupted attempt is kept, not regenerated, so a retry overwrites nothing complete.
+``run_job`` reads as its steps: validate → plan (skip what is done, keep what an interrupted
+attempt wrote) → check space → get the warm pipeline and adapter → run the batch → write the
+files → record. It is idempotent: every output name comes from the content hash, and the
+record step is fenced (see :mod:`common.ledger`): a worker that lost its job while it was
+stalled writes no metadata line, counts nothing and returns no result.
 """
 
 from __future__ import annotations
@@ -11,31 +12,44 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import redis
 from PIL import Image
 from rq import get_current_job
 from rq.job import Job
 
+from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import JobSpec, PromptItem
+from common.ledger import DONE, Ledger
 from common.naming import image_path, image_relpath, item_key
-from common.queues import DONE, RECENT_WINDOW_S, images_key, items_key, recent_key
+from common.queues import RECENT_WINDOW_S, images_key, intents_key, items_key, recent_key
 from worker import runtime
-from worker.faults import fail_early_attempts, install_oom_fault
+from worker.faults import block_in_c, fail_early_attempts, install_oom_fault
 from worker.images import (
-    append_metadata,
+    ENVIRONMENT_ERRNOS,
+    check_space,
+    locked_metadata,
     png_bytes,
     prepare_output,
-    recorded_files,
     remove_stale_temps,
+    unavailable,
     write_atomic,
 )
 
 log = logging.getLogger("diffq.worker")
 
 META_SAVE_INTERVAL_S = 0.5
+#: worst case bytes of one PNG (random noise barely compresses) plus its metadata line
+PNG_OVERHEAD = 8192
+
+
+class JobLost(Exception):
+    """This worker's execution of the job is no longer the current one (its heartbeat expired
+    while it was stalled, and the job went back to the queue): it must record nothing."""
 
 
 class _Progress:
@@ -56,6 +70,16 @@ class _Progress:
         if force or now - self.last_save >= META_SAVE_INTERVAL_S:
             self.last_save = now
             self.job.save_meta()
+
+
+@dataclass
+class Plan:
+    """What a job still has to do, after looking at the ledger and the disk."""
+
+    keys: list[str]
+    todo: list[tuple[str, PromptItem, int]] = field(default_factory=list)  # (key, item, image index)
+    existing: list[tuple[str, PromptItem, int]] = field(default_factory=list)  # written by an earlier attempt
+    skipped: int = 0  # images of items already done
 
 
 def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[str, Any]:
@@ -82,117 +106,205 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     rt = runtime.current()
     job = get_current_job()
+    conn: redis.Redis | None = job.connection if job is not None else None
     queue_name = job.origin if job is not None else rt.settings.queue
-    conn = job.connection if job is not None else None
 
-    # 1. Validate the payload: it came from Redis, so it is untrusted
+    # 1. Validate the payload (it came from Redis, so it is untrusted) and count the attempt
     chunk = JobSpec.from_dict(spec)
     output = prepare_output(chunk.output, rt.settings.output_root)
-    attempt = 1
-    if job is not None:
-        attempt = job.meta["attempts"] = int(job.meta.get("attempts", 0)) + 1
-        job.save_meta()
-    fail_early_attempts(attempt, rt.settings.fault_fail_attempts)
+    _count_attempt(job, rt.settings.fault_fail_attempts)
 
-    # 2. Skip items already done; keep images an interrupted attempt finished
-    keys = [item_key(chunk.params, item) for item in chunk.items]
-    states = conn.hmget(items_key(queue_name), keys) if conn is not None else [None] * len(keys)
-    todo: list[tuple[str, PromptItem, int]] = []  # (key, item, image index) still to generate
-    recovered: list[dict[str, Any]] = []
-    skipped = 0
-    for key, item, state in zip(keys, chunk.items, states, strict=True):
-        paths = [image_path(output, key, i) for i in range(item.num_images)]
-        if state == DONE.encode() and all(p.exists() for p in paths):
-            skipped += item.num_images
-            continue
-        for index, path in enumerate(paths):
-            if path.exists():
-                recovered.append(_item_record(chunk, item, key, index) | {"recovered": True})
-            else:
-                remove_stale_temps(path)
-                todo.append((key, item, index))
-    if recovered:
-        # the interrupted attempt may have died after writing its metadata lines
-        already = recorded_files(output, {r["file"] for r in recovered})
-        recovered = [r for r in recovered if r["file"] not in already]
+    # 2. Plan: skip what is done, keep images an interrupted attempt finished
+    plan = _plan(conn, queue_name, chunk, output)
     progress = _Progress(job, images=chunk.num_images)
-    timings: dict[str, float] = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
+    timings = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
     records: list[dict[str, Any]] = []
+    if plan.todo:
+        # 3. Room for the images, before any GPU time is spent on them
+        check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
+        # 4. Generate, then 5. write each image under its content-derived name
+        images = _generate(rt, chunk, plan, progress, timings)
+        records = _save(chunk, plan, images, output, timings)
+        progress.update(images_done=plan.skipped + len(plan.existing) + len(records))
 
-    if todo:
-        # 3. Get the warm pipeline and switch to this chunk's adapter
-        loaded, timings["load_s"] = rt.pipelines.get(chunk.params.model)
-        rt.pipelines.use_adapter(loaded, chunk.params.adapter, chunk.params.adapter_scale)
-
-        # 4. Run the chunk as one batch, one seed per image
-        def on_step(step: int, steps: int) -> None:
-            progress.update(step=step, steps=steps)
-
-        if rt.settings.fault_oom_above >= 0:
-            install_oom_fault(loaded.pipe, rt.settings.fault_oom_above)
-        shape = (chunk.params.model, chunk.params.width, chunk.params.height)
-        limit = rt.batch_limits.get(shape, len(todo))
-        result, fitted = rt.pipelines.generate(
-            loaded,
-            chunk.params,
-            prompts=[item.prompt for _, item, _ in todo],
-            negatives=[item.negative_prompt for _, item, _ in todo],
-            seeds=[item.seed + index for _, item, index in todo],
-            max_batch=limit,
-            on_step=on_step,
-        )
-        if fitted < len(todo):
-            rt.batch_limits[shape] = fitted
-            progress.update(force=True, split_batch=fitted)
-        timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
-
-        # 5. Write each image under its content-derived name (temp file + rename); PNG
-        #    encoding releases the GIL, so a thread per image overlaps them
-        save_started = time.perf_counter()
-        created = datetime.now(UTC).isoformat(timespec="seconds")
-        records = [_item_record(chunk, item, key, index) | {"created": created} for key, item, index in todo]
-
-        def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
-            record, image = pair
-            path = output / record["file"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, png_bytes(image, record))
-
-        with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
-            list(pool.map(save, zip(records, result.images, strict=True)))
-        progress.update(images_done=skipped + len(recovered) + len(records))
-        timings["save_s"] = time.perf_counter() - save_started
-        per_image = {k: round(v / len(todo), 4) for k, v in timings.items()}
-        for record in records:
-            record["timings"] = per_image | {"batch": len(todo)}
-
-    # 6. Record: metadata lines, items done, counters for status
-    append_metadata(output, records + recovered)
-    written = len(records)
-    if conn is not None:
-        now = time.time()
-        with conn.pipeline(transaction=True) as pipe:
-            pipe.hset(items_key(queue_name), mapping=dict.fromkeys(keys, DONE))
-            if written:
-                pipe.incrby(images_key(queue_name), written)
-            pipe.zadd(recent_key(queue_name), {f"{job.id}:{written}": now})
-            pipe.zremrangebyscore(recent_key(queue_name), "-inf", now - RECENT_WINDOW_S)
-            pipe.execute()
+    # 6. Record: metadata lines, items done, counters; fenced on this execution
+    existing = [_item_record(chunk, item, key, i) | {"recovered": True} for key, item, i in plan.existing]
+    counted = _record(conn, queue_name, job, rt.execution, chunk, plan, output, records + existing)
     timings["total_s"] = time.perf_counter() - started
     progress.update(force=True, images_done=chunk.num_images)
     log.info(
-        "job %s: %d image(s) written, %d already done, %d recovered in %.2fs",
+        "job %s: %d image(s) written, %d already done, %d recovered, %d counted in %.2fs",
         job.id if job else "-",
-        written,
-        skipped,
-        len(recovered),
+        len(records),
+        plan.skipped,
+        len(plan.existing),
+        counted,
         timings["total_s"],
     )
     return {
         "files": [r["file"] for r in records],
-        "skipped": skipped,
-        "recovered": len(recovered),
+        "skipped": plan.skipped,
+        "recovered": len(plan.existing),
         "output": str(Path(output)),
         "timings": {k: round(v, 4) for k, v in timings.items()},
         "worker": rt.worker_name,
     }
+
+
+def _count_attempt(job: Job | None, fail_attempts: int) -> None:
+    attempt = 1
+    if job is not None:
+        attempt = job.meta["attempts"] = int(job.meta.get("attempts", 0)) + 1
+        job.save_meta()
+    fail_early_attempts(attempt, fail_attempts)
+
+
+def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Path) -> Plan:
+    keys = [item_key(chunk.params, item) for item in chunk.items]
+    states = conn.hmget(items_key(queue_name), keys) if conn is not None else [None] * len(keys)
+    plan = Plan(keys=keys)
+    for key, item, state in zip(keys, chunk.items, states, strict=True):
+        paths = [image_path(output, key, i) for i in range(item.num_images)]
+        if state == DONE.encode() and all(p.exists() for p in paths):
+            plan.skipped += item.num_images
+            continue
+        for index, path in enumerate(paths):
+            if path.exists():
+                plan.existing.append((key, item, index))
+            else:
+                remove_stale_temps(path)
+                plan.todo.append((key, item, index))
+    return plan
+
+
+def _generate(
+    rt: runtime.Runtime, chunk: JobSpec, plan: Plan, progress: _Progress, timings: dict[str, float]
+) -> list[Image.Image]:
+    """The warm pipeline (loaded once per worker), this chunk's adapter, one batch."""
+    params = chunk.params
+    model = f"model {params.model!r}"
+    rt.breaker.check(model)
+    try:
+        loaded, timings["load_s"] = rt.pipelines.get(params.model)
+    except ModelLoadError as exc:
+        rt.breaker.failed(model, str(exc))
+        raise
+    rt.breaker.succeeded(model)
+    if params.adapter:
+        adapter = f"adapter {params.adapter!r}"
+        rt.breaker.check(adapter)
+        try:
+            rt.pipelines.use_adapter(loaded, params.adapter, params.adapter_scale)
+        except (AdapterNotFound, ModelLoadError) as exc:
+            rt.breaker.failed(adapter, str(exc))
+            raise
+        rt.breaker.succeeded(adapter)
+    else:
+        rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
+
+    if rt.settings.fault_oom_above >= 0:
+        install_oom_fault(loaded.pipe, rt.settings.fault_oom_above)
+    block_in_c(rt.settings.fault_block_decode)
+    shape = (params.model, params.width, params.height)
+    limit = rt.batch_limits.get(shape, len(plan.todo))
+    result, fitted = rt.pipelines.generate(
+        loaded,
+        params,
+        prompts=[item.prompt for _, item, _ in plan.todo],
+        negatives=[item.negative_prompt for _, item, _ in plan.todo],
+        seeds=[item.seed + index for _, item, index in plan.todo],
+        max_batch=limit,
+        on_step=lambda step, steps: progress.update(step=step, steps=steps),
+    )
+    if fitted < len(plan.todo):
+        rt.batch_limits[shape] = fitted
+        progress.update(force=True, split_batch=fitted)
+    timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
+    return result.images
+
+
+def _save(
+    chunk: JobSpec, plan: Plan, images: list[Image.Image], output: Path, timings: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Write each image (temp file + rename); PNG encoding releases the GIL, so a thread per
+    image overlaps them. A full or read-only disk is the worker's problem, not the job's."""
+    started = time.perf_counter()
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    records = [_item_record(chunk, item, key, index) | {"created": created} for key, item, index in plan.todo]
+
+    def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
+        record, image = pair
+        path = output / record["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, png_bytes(image, record))
+
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
+            list(pool.map(save, zip(records, images, strict=True)))
+    except OSError as exc:
+        if exc.errno in ENVIRONMENT_ERRNOS:
+            raise unavailable(output, exc) from None
+        raise
+    timings["save_s"] = time.perf_counter() - started
+    per_image = {k: round(v / len(records), 4) for k, v in timings.items()}
+    for record in records:
+        record["timings"] = per_image | {"batch": len(records)}
+    return records
+
+
+def _record(
+    conn: redis.Redis | None,
+    queue_name: str,
+    job: Job | None,
+    execution: str | None,
+    chunk: JobSpec,
+    plan: Plan,
+    output: Path,
+    records: list[dict[str, Any]],
+) -> int:
+    """Append the metadata lines and mark the items done, as one step under the metadata lock,
+    only while this execution still owns the job. Returns the images newly counted.
+
+    Lines are skipped for items already recorded, and for items an earlier execution was about
+    to record (its intent offset) when the file already has them from that offset on."""
+    if conn is None or job is None or execution is None:  # a plain RQ worker or a direct call: no fence
+        with locked_metadata(output) as meta:
+            meta.append(records)
+        return len(records)
+    ledger = Ledger(conn)
+    keys = {"started_key": job.started_job_registry.key, "items_key": items_key(queue_name)}
+    keys["intents_key"] = intents_key(queue_name)
+    with locked_metadata(output) as meta:
+        begun = ledger.begin(**keys, member=execution, offset=meta.size, keys=plan.keys)
+        if begun is None:
+            raise JobLost(f"job {job.id}: this worker lost it while stalled; recorded nothing")
+        by_key: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            by_key.setdefault(record["key"], []).append(record)
+        lines: list[dict[str, Any]] = []
+        for key, found in zip(plan.keys, begun, strict=True):
+            mine = by_key.get(key, [])
+            if found.recorded or not mine:
+                continue
+            if found.intent is not None:
+                there = meta.files_from(found.intent, {r["file"] for r in mine})
+                mine = [r for r in mine if r["file"] not in there]
+            lines += mine
+        try:
+            meta.append(lines)
+        except OSError as exc:
+            raise unavailable(output, exc) from None
+        now = time.time()
+        counted = ledger.commit(
+            **keys,
+            images_key=images_key(queue_name),
+            recent_key=recent_key(queue_name),
+            member=execution,
+            now=now,
+            window_start=now - RECENT_WINDOW_S,
+            recent_member=f"{job.id}:{len(records)}",
+            images={key: item.num_images for key, item in zip(plan.keys, chunk.items, strict=True)},
+        )
+    if counted is None:
+        raise JobLost(f"job {job.id}: this worker lost it while recording; the next owner reconciles")
+    return counted

@@ -189,8 +189,16 @@ def _lead(
     from worker.group.comm import local_peers
 
     queues = [get_queue(settings.queue, conn)]
-    worker = GroupWorker(queues, connection=conn, name=name, group=group, peers=local_peers())
-    runtime.install(runtime.Runtime(settings, group, worker_name=name))  # type: ignore[arg-type]
+    rt = runtime.install(runtime.Runtime(settings, group, worker_name=name))  # type: ignore[arg-type]
+    worker = GroupWorker(
+        queues,
+        connection=conn,
+        name=name,
+        group=group,
+        peers=local_peers(),
+        runtime=rt,
+        heartbeat_ttl=settings.heartbeat_ttl,
+    )
     log.info("worker %s serving queue %r at %s", name, settings.queue, redact(settings.redis_url))
     code = 0
     try:

@@ -155,16 +155,12 @@ class GroupWorker(DiffqWorker):
             self._dead_since = time.monotonic()
         if time.monotonic() - self._dead_since < PEER_GRACE_S:
             return  # the main thread usually notices first, through its own collective
-        job = self._running
-        if job is not None:
+        job, queue = self._running, self._running_queue
+        if job is not None and queue is not None:
             self.group.lost = True
-            with self.connection.pipeline() as pipe:
-                self.cleanup_execution(job, pipeline=pipe)
-                pipe.execute()
-            job.meta["error"] = f"the xDiT group {self.name} lost a rank (pid {dead[0]}) during this job; re-queued"
-            job.save_meta()
-            queue = next(q for q in self.queues if q.name == job.origin)
-            queue.enqueue_job(job, at_front=True)
+            self.give_back(
+                job, queue, f"the xDiT group {self.name} lost a rank (pid {dead[0]}) during this job; re-queued"
+            )
         self.log.error(
             "Worker %s: rank process(es) %s died and the main thread is stuck; %s, exiting",
             self.name,
@@ -195,10 +191,10 @@ class GroupWorker(DiffqWorker):
     ) -> None:
         if self.group.lost:
             # not the job's fault: back to the front of the queue, retries untouched
-            self._cold = True
-            self._cold_code = EXIT_GROUP_LOST
-            self._cold_reason = f"the xDiT group {self.name} lost a rank during this job; re-queued"
+            self.give_back(job, queue, f"the xDiT group {self.name} lost a rank during this job; re-queued")
             self.log.error("Worker %s: a rank left the group during job %s; re-queued, exiting", self.name, job.id)
+            self.exit_after_job = EXIT_GROUP_LOST
+            return
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:

@@ -1,0 +1,182 @@
+"""The items ledger: which rows are queued, done and recorded, and the atomic steps that change it.
+
+``diffq:<queue>:items`` is a hash from item key to the item's state:
+
+- ``<job id>``: queued or running in that job; its metadata lines are not recorded yet.
+- ``r:<job id>``: done once, queued again because its images went missing on disk. Its metadata
+  lines were recorded the first time, so they are neither written nor counted again.
+- ``done``: its images are written, its metadata lines recorded, and it is counted in
+  ``diffq:<queue>:images``.
+
+Every change of state is one Lua script, so it is atomic with the check that allows it:
+
+- :data:`CLAIM` (producer): a chunk's items become its job and the job is pushed on the queue,
+  only if no item is queued or running in a live job already. Two producers that enqueue the
+  same file at once cannot both queue an item: the second one's script sees the first one's job.
+- :data:`BEGIN` and :data:`COMMIT` (worker): recording a job's images happens only while this
+  worker's execution of the job is still in RQ's started registry. A worker whose heartbeat
+  expired (stalled, partitioned) and whose job was given to another records nothing.
+
+``diffq:<queue>:intents`` maps an item key to the byte offset of ``metadata.jsonl`` at which a
+worker was about to append its lines. It is set by BEGIN (before the append) and cleared by
+COMMIT; a later execution that finds it knows that lines for the item may be there already,
+and reads the file from that offset instead of writing them twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+DONE = "done"
+REDO_PREFIX = "r:"
+
+#: KEYS: items, queue, job hash, rq:queues. ARGV: job id, n, n item keys, n redo flags, job fields...
+#: Returns {} when the job was queued, else the item keys that are taken (or '*job' when a live
+#: job with this id exists).
+CLAIM = """
+local n = tonumber(ARGV[2])
+local taken = {}
+local live = {queued = true, started = true, scheduled = true, deferred = true}
+for i = 1, n do
+  local key = ARGV[2 + i]
+  local state = redis.call('HGET', KEYS[1], key)
+  local free = false
+  if not state then
+    free = true
+  elseif state == 'done' then
+    free = ARGV[2 + n + i] == '1'
+  else
+    local owner = state
+    if string.sub(owner, 1, 2) == 'r:' then owner = string.sub(owner, 3) end
+    local status = redis.call('HGET', 'rq:job:' .. owner, 'status')
+    free = (not status) or (status ~= 'failed' and not live[status])
+  end
+  if not free then table.insert(taken, key) end
+end
+if #taken > 0 then return taken end
+local status = redis.call('HGET', KEYS[3], 'status')
+if status and live[status] then return {'*job'} end
+redis.call('DEL', KEYS[3])
+for i = 1, n do
+  local key = ARGV[2 + i]
+  local state = redis.call('HGET', KEYS[1], key)
+  local value = ARGV[1]
+  if state == 'done' or (state and string.sub(state, 1, 2) == 'r:') then value = 'r:' .. ARGV[1] end
+  redis.call('HSET', KEYS[1], key, value)
+end
+redis.call('HSET', KEYS[3], unpack(ARGV, 3 + 2 * n))
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[4], KEYS[2])
+return {}
+"""
+
+#: KEYS: started registry, items, intents. ARGV: execution member, offset, item keys...
+#: Returns -1 if the execution is no longer this worker's, else per item {state, earlier intent}.
+BEGIN = """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
+local out = {}
+for i = 3, #ARGV do
+  local key = ARGV[i]
+  local state = redis.call('HGET', KEYS[2], key) or ''
+  local intent = redis.call('HGET', KEYS[3], key) or ''
+  if state ~= 'done' and intent == '' then redis.call('HSET', KEYS[3], key, ARGV[2]) end
+  table.insert(out, {state, intent})
+end
+return out
+"""
+
+#: KEYS: started registry, items, intents, images counter, recent. ARGV: execution member, now,
+#: window start, recent member, then (item key, images) pairs. Returns -1 if the execution is no
+#: longer this worker's, else the number of images newly counted.
+COMMIT = """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
+local counted = 0
+for i = 5, #ARGV, 2 do
+  local key = ARGV[i]
+  local state = redis.call('HGET', KEYS[2], key)
+  if state ~= 'done' then
+    if not (state and string.sub(state, 1, 2) == 'r:') then counted = counted + tonumber(ARGV[i + 1]) end
+    redis.call('HSET', KEYS[2], key, 'done')
+  end
+  redis.call('HDEL', KEYS[3], key)
+end
+if counted > 0 then redis.call('INCRBY', KEYS[4], counted) end
+redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[3])
+return counted
+"""
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What BEGIN found for one item: its ledger state and an earlier execution's intent offset."""
+
+    state: str
+    intent: int | None
+
+    @property
+    def recorded(self) -> bool:
+        """Its metadata lines are in the file already (done, or done once and being remade)."""
+        return self.state == DONE or self.state.startswith(REDO_PREFIX)
+
+
+class Ledger:
+    """The three scripts, registered once per connection."""
+
+    def __init__(self, conn: redis.Redis) -> None:
+        self.conn = conn
+        self._claim = conn.register_script(CLAIM)
+        self._begin = conn.register_script(BEGIN)
+        self._commit = conn.register_script(COMMIT)
+
+    def claim(
+        self,
+        *,
+        items_key: str,
+        queue_key: str,
+        job_key: str,
+        queues_key: str,
+        job_id: str,
+        keys: list[str],
+        redo: list[bool],
+        job_fields: list[bytes | str],
+        client: redis.client.Pipeline | None = None,
+    ) -> Any:
+        """Queue the job if all its items are free. Answers the item keys that were taken instead
+        (empty: queued); with a pipeline as ``client``, the answer comes from its ``execute``."""
+        args: list[bytes | str | int] = [job_id, len(keys), *keys, *("1" if r else "0" for r in redo), *job_fields]
+        return self._claim(keys=[items_key, queue_key, job_key, queues_key], args=args, client=client)
+
+    def begin(
+        self, *, started_key: str, items_key: str, intents_key: str, member: str, offset: int, keys: list[str]
+    ) -> list[Begun] | None:
+        """Check ownership and note the append offset; None if this execution lost the job."""
+        out = self._begin(keys=[started_key, items_key, intents_key], args=[member, offset, *keys])
+        if out == -1:
+            return None
+        return [Begun(state.decode(), int(intent) if intent else None) for state, intent in out]
+
+    def commit(
+        self,
+        *,
+        started_key: str,
+        items_key: str,
+        intents_key: str,
+        images_key: str,
+        recent_key: str,
+        member: str,
+        now: float,
+        window_start: float,
+        recent_member: str,
+        images: dict[str, int],
+    ) -> int | None:
+        """Mark the items done and count their images; None if this execution lost the job."""
+        pairs = [v for key, count in images.items() for v in (key, count)]
+        out = self._commit(
+            keys=[started_key, items_key, intents_key, images_key, recent_key],
+            args=[member, now, window_start, recent_member, *pairs],
+        )
+        return None if out == -1 else int(out)

@@ -1,0 +1,123 @@
+"""The worker's environment is not the job's fault: a full or read-only disk pauses the worker
+(jobs stay queued, retries untouched), a model it cannot load fails at most two jobs, and
+what the producer can check is refused before anything is enqueued. Real worker processes,
+a real redis-server and a real tmpfs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import TINY_FLAGS, assert_exactly_once, producer, run_worker, start_worker, wait_for, write_csv
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+
+from common.queues import get_queue, images_key
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.fail(f"mounting a 4 MiB tmpfs needs root (CI runs as root): {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def log_text(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+def test_full_then_read_only_disk_pauses_the_worker_and_loses_no_job(env, conn, small_disk, tmp_path):
+    out = small_disk / "out"
+    rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"disk prompt {i}\n" for i in range(6)))
+    assert producer("enqueue", rows, *TINY_FLAGS, "--chunk-size", "2", "--output", out).exit_code == 0
+    out.mkdir()
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (free - (200 << 10)))  # 200 KiB left: less than a job needs
+    log = tmp_path / "w.log"
+    worker = start_worker(env, log, "--name", "W")
+    try:
+        # 1. full: the job goes back, nothing fails, the worker says why once and waits
+        wait_for(lambda: "paused, jobs stay queued" in log_text(log), 120, "the worker to pause")
+        queue = get_queue("diffq", conn)
+        assert queue.count == 3 and FailedJobRegistry(queue=queue).count == 0
+        assert StartedJobRegistry(queue=queue).count == 0
+        assert all(job.retries_left == 3 for job in queue.get_jobs())
+        status = producer("status").output
+        assert "paused" in status and "free some space" in status, status
+        filler.unlink()
+        finished = FinishedJobRegistry(queue=queue)
+        wait_for(lambda: finished.count == 3, 120, "the queue to drain once space is back", interval=0.5)
+        assert "resumed after" in log_text(log)
+
+        # 2. read-only: the same, found while writing
+        rows2 = write_csv(tmp_path / "q.csv", "prompt\nread only a\nread only b\n")
+        assert producer("enqueue", rows2, *TINY_FLAGS, "--chunk-size", "2", "--output", out).exit_code == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+        wait_for(lambda: log_text(log).count("paused, jobs stay queued") == 2, 120, "a second pause")
+        assert queue.count == 1 and FailedJobRegistry(queue=queue).count == 0
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+        wait_for(lambda: finished.count == 4, 120, "the last job once the disk is writable", interval=0.5)
+
+        text = log_text(log)
+        assert "Traceback" not in text
+        assert_exactly_once(out, 8)
+        assert int(conn.get(images_key("diffq"))) == 8
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_a_model_the_worker_cannot_load_fails_two_jobs_and_the_rest_stay_queued(env, conn, tmp_path):
+    bad = write_csv(tmp_path / "bad.csv", "prompt\n" + "".join(f"bad model {i}\n" for i in range(6)))
+    flags = ("--width", "64", "--height", "64", "--steps", "3", "--chunk-size", "1")
+    assert producer("enqueue", bad, "--model", "some/nonexistent-hub-id", *flags).exit_code == 0
+    good = write_csv(tmp_path / "good.csv", "prompt\ngood one\ngood two\n")
+    assert producer("enqueue", good, *TINY_FLAGS, "--output", tmp_path / "out").exit_code == 0
+    worker = run_worker({**env, "HF_HUB_OFFLINE": "1"})
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    queue = get_queue("diffq", conn)
+    failed = FailedJobRegistry(queue=queue)
+    assert failed.count == 2  # then the breaker opened: the other 4 stay queued for other workers
+    assert queue.count == 4 and FinishedJobRegistry(queue=queue).count == 1
+    reason = producer("status").output
+    assert "cannot be loaded: not in this worker's cache" in reason and "stacktrace" not in reason
+    log = worker.stderr
+    assert log.count("takes no more jobs for it") == 1
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", log)
+    assert sum("Traceback" in record for record in records) == 1  # once per cause, then one line per job
+    assert len(records) < 50, log  # not a line storm: one line per job
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--model", "tinyy"), "is neither a preset (did you mean 'tiny'?)"),
+        (("--model", "/no/such/folder"), "is neither a preset"),
+        (("--model", "tiny", "--adapter", "/no/such/dora"), "--adapter: adapter '/no/such/dora' does not exist here"),
+    ],
+)
+def test_enqueue_refuses_what_it_can_know_is_wrong(env, conn, tmp_path, flags, message):
+    rows = write_csv(tmp_path / "p.csv", "prompt\na\n")
+    result = producer("enqueue", rows, *flags)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert conn.dbsize() == 0
+
+
+def test_enqueue_names_the_row_whose_adapter_is_missing(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt,adapter\nfine,tiny-dora\nbroken,/no/such/dora.safetensors\n")
+    result = producer("enqueue", rows, *TINY_FLAGS)
+    assert result.exit_code == 2
+    assert f"{rows}:3: adapter '/no/such/dora.safetensors' does not exist here" in result.output
+    assert conn.dbsize() == 0

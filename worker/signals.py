@@ -1,0 +1,66 @@
+"""Ctrl-C / SIGTERM that are heard at once, whatever the job is doing.
+
+Python runs a signal handler only in the main thread, between two bytecodes: while the main
+thread is inside one long C call (loading a model, a VAE decode at 4096², a big convolution)
+the handler waits for it, and a second signal that arrives before the first was handled is
+merged into it. So the C-level handler writes each signal's number to a pipe
+(``signal.set_wakeup_fd``) and a watcher thread reads the pipe: it hears every signal within
+milliseconds, while the main thread computes.
+
+What the watcher does is the worker's business (:class:`SignalWatcher` takes two callbacks):
+the first signal asks for a warm stop, a second one more than :data:`REPEAT_S` later for a
+cold stop. The same signal delivered twice within :data:`REPEAT_S` (the launcher and the
+terminal both send it) counts once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+log = logging.getLogger("diffq.worker")
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: a repeat of the signal within this many seconds is the same request, delivered twice
+REPEAT_S = 1.0
+
+
+class SignalWatcher:
+    def __init__(self, warm: Callable[[str], None], cold: Callable[[str], None]) -> None:
+        self.warm = warm
+        self.cold = cold
+        self.first_at: float | None = None
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+
+    def install(self, main_thread_handler: Callable[[int, FrameType | None], None]) -> None:
+        """From the main thread: route SIGINT/SIGTERM through the pipe to the watcher thread.
+        ``main_thread_handler`` still runs in the main thread, whenever Python gets to it (an
+        idle worker blocked waiting for a job must be woken there)."""
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        for signum in SIGNALS:
+            signal.signal(signum, main_thread_handler)
+        threading.Thread(target=self._watch, name="diffq-signals", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except InterruptedError:
+                continue
+            for signum in data:
+                if signum in SIGNALS:
+                    self._heard(signal.Signals(signum).name)
+
+    def _heard(self, name: str) -> None:
+        now = time.monotonic()
+        if self.first_at is None:
+            self.first_at = now
+            self.warm(name)
+        elif now - self.first_at >= REPEAT_S:
+            self.cold(name)
