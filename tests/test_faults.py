@@ -164,3 +164,49 @@ def test_redis_restart_loses_nothing_and_workers_and_wait_reconnect(env, aof_red
         for proc in (*workers, waiter):
             if proc.poll() is None:
                 proc.kill()
+
+
+#: one C call of several seconds before each decode (a 5000² float64 product), like a large
+#: VAE decode: Python runs no signal handler in the main thread until it returns
+BLOCKING = {"DIFFQ_FAULT_BLOCK_DECODE": "5000"}
+C_CALL_STARTS = "matrix product in one C call starts"
+C_CALL_RETURNED = "the C call returned"
+
+
+def test_sigterm_is_heard_while_the_main_thread_is_in_a_long_c_call(env, conn, tmp_path):
+    output = enqueue(tmp_path, 2, 1, TINY_FLAGS)
+    log = tmp_path / "w.log"
+    worker = start_worker({**env, **BLOCKING}, log, "--name", "W")
+    try:
+        wait_for(lambda: C_CALL_STARTS in log.read_text(), 120, "the worker to enter the long C call")
+        worker.send_signal(signal.SIGTERM)
+        wait_for(lambda: "warm shutdown" in log.read_text(), 120, "the warm shutdown line")
+        text = log.read_text()
+        assert C_CALL_RETURNED not in text.split("warm shutdown")[0].split(C_CALL_STARTS)[-1]
+        assert worker.wait(240) == 0
+        assert len(images_under(output)) == 1 and get_queue("diffq", conn).count == 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_second_signal_during_a_long_c_call_requeues_and_exits_at_once(env, conn, tmp_path):
+    enqueue(tmp_path, 2, 1, (*TINY_FLAGS, "--max-retries", "2"))
+    log = tmp_path / "w.log"
+    worker = start_worker({**env, **BLOCKING}, log, "--name", "W")
+    try:
+        wait_for(lambda: C_CALL_STARTS in log.read_text(), 120, "the worker to enter the long C call")
+        current = StartedJobRegistry("diffq", connection=conn).get_job_ids()[0]
+        worker.send_signal(signal.SIGTERM)
+        wait_for(lambda: "warm shutdown" in log.read_text(), 120, "the warm shutdown line")
+        time.sleep(1.2)  # more than a second later: a second request, not the same one twice
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(120) == 1
+        assert C_CALL_RETURNED not in log.read_text()  # it left inside the C call
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    queue = get_queue("diffq", conn)
+    job = Job.fetch(current, connection=conn, serializer=JSONSerializer)
+    assert queue.job_ids[0] == current and job.retries_left == 2
+    assert StartedJobRegistry("diffq", connection=conn).count == 0

@@ -40,14 +40,55 @@ def give_back(queue: Queue, job: Job, reason: str, *, at_front: bool = True) -> 
     queue.enqueue_job(job, at_front=at_front)
 
 
-def requeue_abandoned(queue: Queue, now: float | None = None) -> list[str]:
-    """Re-queue (or fail) every job of ``queue`` whose worker stopped heartbeating; return their ids."""
+#: KEYS: intermediate list, queue, started registry. ARGV: job id. A job RQ moved to its
+#: intermediate list (BLMOVE) whose worker died before registering it as started: back to the
+#: front of the queue, unless it is there already, runs, or is no longer queued.
+_UNSTICK = """
+for _, member in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  if string.sub(member, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then return 0 end
+end
+redis.call('LREM', KEYS[1], 1, ARGV[1])
+if redis.call('LPOS', KEYS[2], ARGV[1]) then return 0 end
+if redis.call('HGET', 'rq:job:' .. ARGV[1], 'status') ~= 'queued' then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+def requeue_abandoned(queue: Queue, stuck_after_s: float = 30.0, now: float | None = None) -> list[str]:
+    """Re-queue (or fail) every job of ``queue`` whose worker stopped heartbeating, and every job
+    stuck for ``stuck_after_s`` in RQ's intermediate list; return their ids.
+
+    RQ itself fails a job stuck in the intermediate list, and only at its maintenance pass
+    (every 10 minutes): a worker killed between taking a job and registering it would turn it
+    into a failure; here it goes back to the queue."""
     if not queue.acquire_maintenance_lock():
         return []
     try:
-        return _requeue_expired(queue, time.time() if now is None else now)
+        now = time.time() if now is None else now
+        return _requeue_expired(queue, now) + _requeue_stuck(queue, stuck_after_s, now)
     finally:
         queue.release_maintenance_lock()
+
+
+def _requeue_stuck(queue: Queue, stuck_after_s: float, now: float) -> list[str]:
+    conn: redis.Redis = queue.connection
+    seen_key = f"diffq:{queue.name}:intermediate-seen"
+    ids = [raw.decode() for raw in conn.lrange(queue.intermediate_queue_key, 0, -1)]
+    handled: list[str] = []
+    for job_id in ids:
+        conn.hsetnx(seen_key, job_id, now)
+        first = float(conn.hget(seen_key, job_id) or now)
+        if now - first < stuck_after_s:
+            continue
+        conn.hdel(seen_key, job_id)
+        keys = [queue.intermediate_queue_key, queue.key, queue.started_job_registry.key]
+        if conn.eval(_UNSTICK, 3, *keys, job_id):
+            log.warning("job %s: its worker died as it took it; re-queued at the front", job_id)
+            handled.append(job_id)
+    for stale in set(k.decode() for k in conn.hkeys(seen_key)) - set(ids):
+        conn.hdel(seen_key, stale)
+    return handled
 
 
 def _requeue_expired(queue: Queue, now: float) -> list[str]:

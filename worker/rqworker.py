@@ -188,7 +188,7 @@ class DiffqWorker(SimpleWorker):
                 if time.monotonic() - last_reap >= self.reap_s:
                     last_reap = time.monotonic()
                     for queue in self.queues:
-                        requeue_abandoned(queue)
+                        requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl)
                 self._keeper_failures = 0
             except Exception as exc:  # the keeper must outlive Redis hiccups, and say so
                 self._keeper_failures += 1
@@ -220,7 +220,7 @@ class DiffqWorker(SimpleWorker):
 
     def clean_registries(self) -> None:
         for queue in self.queues:
-            requeue_abandoned(queue)
+            requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl)
         super().clean_registries()
 
     def _publish_state(self) -> None:
