@@ -33,7 +33,8 @@ import redis
 DONE = "done"
 REDO_PREFIX = "r:"
 
-#: KEYS: items, queue, job hash, rq:queues. ARGV: job id, n, n item keys, n redo flags, job fields...
+#: KEYS: items, queue, job hash, rq:queues, images-enqueued counter. ARGV: job id, n, n item keys,
+#: n redo flags, n image counts, job fields...
 #: Returns {} when the job was queued, else the item keys that are taken (or '*job' when a live
 #: job with this id exists).
 CLAIM = """
@@ -60,14 +61,20 @@ if #taken > 0 then return taken end
 local status = redis.call('HGET', KEYS[3], 'status')
 if status and live[status] then return {'*job'} end
 redis.call('DEL', KEYS[3])
+local images = 0
 for i = 1, n do
   local key = ARGV[2 + i]
   local state = redis.call('HGET', KEYS[1], key)
   local value = ARGV[1]
-  if state == 'done' or (state and string.sub(state, 1, 2) == 'r:') then value = 'r:' .. ARGV[1] end
+  if state == 'done' or (state and string.sub(state, 1, 2) == 'r:') then
+    value = 'r:' .. ARGV[1]
+  elseif not state then
+    images = images + tonumber(ARGV[2 + 2 * n + i])
+  end
   redis.call('HSET', KEYS[1], key, value)
 end
-redis.call('HSET', KEYS[3], unpack(ARGV, 3 + 2 * n))
+if images > 0 then redis.call('INCRBY', KEYS[5], images) end
+redis.call('HSET', KEYS[3], unpack(ARGV, 3 + 3 * n))
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[4], KEYS[2])
 return {}
@@ -139,16 +146,19 @@ class Ledger:
         queue_key: str,
         job_key: str,
         queues_key: str,
+        enqueued_key: str,
         job_id: str,
         keys: list[str],
         redo: list[bool],
+        images: list[int],
         job_fields: list[bytes | str],
         client: redis.client.Pipeline | None = None,
     ) -> Any:
         """Queue the job if all its items are free. Answers the item keys that were taken instead
         (empty: queued); with a pipeline as ``client``, the answer comes from its ``execute``."""
-        args: list[bytes | str | int] = [job_id, len(keys), *keys, *("1" if r else "0" for r in redo), *job_fields]
-        return self._claim(keys=[items_key, queue_key, job_key, queues_key], args=args, client=client)
+        flags = ["1" if r else "0" for r in redo]
+        args: list[bytes | str | int] = [job_id, len(keys), *keys, *flags, *images, *job_fields]
+        return self._claim(keys=[items_key, queue_key, job_key, queues_key, enqueued_key], args=args, client=client)
 
     def begin(
         self, *, started_key: str, items_key: str, intents_key: str, member: str, offset: int, keys: list[str]

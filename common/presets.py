@@ -22,6 +22,33 @@ MODEL_PRESETS: dict[str, str] = {
     "flux-random": "FLUX.1-dev architecture (12 B DiT, T5-XXL) with random weights (xDiT group benchmarks)",
 }
 
+#: Speed levers a worker can switch on (``--speedups`` / ``DIFFQ_SPEEDUPS``); worker/speedups.py applies them.
+SPEEDUP_LEVERS: dict[str, str] = {
+    "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",
+    "channels-last": "UNet and VAE in channels_last memory format",
+    "fuse-qkv": "fused QKV projections in the UNet's attention",
+    "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
+    "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
+}
+
+
+def speedup_names(text: str) -> frozenset[str] | None:
+    """The levers named by ``text``; None for ``auto`` (the worker's device decides)."""
+    text = text.strip()
+    if text == "auto":
+        return None
+    if text in ("", "none"):
+        return frozenset()
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = names - set(SPEEDUP_LEVERS)
+    if unknown:
+        raise ConfigError(
+            f"--speedups / DIFFQ_SPEEDUPS: unknown lever(s) {', '.join(sorted(unknown))}; use auto, none or a "
+            f"list of {', '.join(SPEEDUP_LEVERS)}"
+        )
+    return names
+
+
 #: Built-in adapters, resolved by the worker to a folder in its cache.
 ADAPTER_PRESETS: dict[str, str] = {
     "tiny-dora": "a DoRA adapter (peft, use_dora=True) with random weights for the tiny model",

@@ -9,8 +9,10 @@ job state. Beside them we keep only what RQ cannot tell us:
 - ``diffq:<queue>:intents`` — item key → offset of ``metadata.jsonl`` where a worker was about
   to append its lines (see :mod:`common.ledger`).
 - ``diffq:<queue>:images`` — counter of images recorded; equals the PNGs on disk.
+- ``diffq:<queue>:enqueued`` — counter of images ever queued (new items only): the campaign's size.
 - ``diffq:<queue>:paused`` — worker name → why it stopped taking jobs (disk full, ...).
-- ``diffq:<queue>:recent`` — sorted set of recent completions (score: time) for throughput.
+- ``diffq:<queue>:recent`` — sorted set of recent completions (score: time; member
+  ``<job id>:<images>:<seconds the job ran>``) for throughput.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -78,6 +81,11 @@ def connect(url: str, *, check: bool = True, retries: int = PATIENCE_COMMAND) ->
         try:
             probe.ping()
         except redis.AuthenticationError:
+            if urlsplit(url).password is None:
+                raise ConfigError(
+                    f"Redis at {redact(url)} needs a password: put it in the URL, "
+                    "redis://[user]:PASSWORD@host:port/db (--redis-url or REDIS_URL)"
+                ) from None
             raise ConfigError(f"Redis at {redact(url)} refused the credentials in the URL") from None
         except redis.RedisError as exc:
             raise ConfigError(
@@ -96,8 +104,8 @@ class LeanJob(Job):
     create jobs: once a worker saves a job, RQ's ordinary ``Job`` writes every field again,
     so no stale value can hide behind a dropped one."""
 
-    def to_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {k: v for k, v in super().to_dict(*args, **kwargs).items() if v != ""}
+    def to_dict(self, include_meta: bool = True, include_result: bool = True) -> dict[str, Any]:
+        return {k: v for k, v in super().to_dict(include_meta, include_result).items() if v != ""}
 
 
 def get_queue(name: str, conn: redis.Redis, *, lean: bool = False) -> Queue:
@@ -124,3 +132,7 @@ def intents_key(queue: str) -> str:
 
 def paused_key(queue: str) -> str:
     return f"diffq:{queue}:paused"
+
+
+def enqueued_key(queue: str) -> str:
+    return f"diffq:{queue}:enqueued"

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from common.errors import ConfigError
-from common.presets import DEFAULT_MODEL
+from common.presets import DEFAULT_MODEL, speedup_names
 
 #: environment variable for each setting
 ENV_NAMES: dict[str, str] = {
@@ -111,6 +111,7 @@ class Settings:
         if not 0 <= self.max_retries <= 100:
             raise ConfigError(f"--max-retries {self.max_retries}: use 0..100")
         self.retry_intervals()
+        speedup_names(self.speedups)  # a typo is one line at start-up, before a GPU is leased
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(

@@ -26,11 +26,12 @@ rm -rf "$OUT"
 echo "== producer enqueue examples/prompts.csv"
 "$BIN/producer" enqueue examples/prompts.csv --model tiny --width 128 --height 128 --steps 8 --output "$OUT"
 
-echo "== worker run --burst (tiny model on the CPU; the first run writes it to the cache)"
-"$BIN/worker" run --burst --device cpu &
+echo "== worker run --burst (tiny model on the CPU; the first run writes it to the cache); its log: $OUT.worker.log"
+mkdir -p "$(dirname "$OUT")"
+"$BIN/worker" run --burst --device cpu >"$OUT.worker.log" 2>&1 &
 worker_pid=$!
 "$BIN/producer" wait --timeout 170
-wait "$worker_pid"; worker_pid=
+wait "$worker_pid" || { tail -20 "$OUT.worker.log"; exit 1; }; worker_pid=
 
 echo "== producer status"
 "$BIN/producer" status

@@ -11,22 +11,24 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 import redis
+from rq.job import Job
 from rq.registry import FailedJobRegistry
+from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
-from common.presets import check_adapter, check_model
+from common.jobspec import GenParams, PromptItem
+from common.presets import MODEL_PRESETS, check_adapter, check_model
 from common.queues import connect, get_queue
 from common.settings import Settings, redact
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file
 from producer.progress import Progress
 from producer.reader import RowDefaults, count_lines, file_format
-from producer.status import collect, render
+from producer.status import QueueStatus, collect, render
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -57,21 +59,35 @@ def main() -> None:
     """Put prompt jobs on a Redis queue for diffq workers, and watch them run."""
 
 
-@main.command()
+def _default(cls: type, name: str) -> Any:
+    """A flag's default is the dataclass field's: every default is defined once."""
+    return cls.__dataclass_fields__[name].default
+
+
+@main.command(short_help="Check a CSV/JSONL of prompts and queue it (again: resumes, adds nothing twice).")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--model", help="Hub id, local folder, or preset (tiny, sdxl-random) [default SDXL base 1.0].")
-@click.option("--adapter", help="DoRA/LoRA folder or .safetensors file (or the preset tiny-dora).")
-@click.option("--adapter-scale", type=float, default=1.0, show_default=True, help="Adapter weight.")
-@click.option("--steps", type=int, default=30, show_default=True, help="Denoising steps.")
-@click.option("--width", type=int, default=1024, show_default=True, help="Image width (multiple of 8).")
-@click.option("--height", type=int, default=1024, show_default=True, help="Image height (multiple of 8).")
-@click.option("--guidance", type=float, default=5.0, show_default=True, help="Classifier-free guidance scale.")
+@click.option("--model", help=f"Hub id, local folder, or preset ({', '.join(MODEL_PRESETS)}) [SDXL base 1.0].")
+@click.option("--adapter", help="DoRA/LoRA folder or .safetensors file, or the preset tiny-dora (rows' default).")
+@click.option("--adapter-scale", type=float, default=_default(GenParams, "adapter_scale"), show_default=True,
+              help="Adapter weight, for rows without an adapter_scale cell.")  # fmt: skip
+@click.option("--steps", type=int, default=_default(GenParams, "steps"), show_default=True,
+              help="Denoising steps, for rows without a steps cell.")  # fmt: skip
+@click.option("--width", type=int, default=_default(GenParams, "width"), show_default=True,
+              help="Width (multiple of 8), for rows without a width cell.")  # fmt: skip
+@click.option("--height", type=int, default=_default(GenParams, "height"), show_default=True,
+              help="Height (multiple of 8), for rows without a height cell.")  # fmt: skip
+@click.option("--guidance", type=float, default=_default(GenParams, "guidance"), show_default=True,
+              help="Classifier-free guidance, for rows without a guidance cell.")  # fmt: skip
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
-@click.option("--num-images", type=int, default=1, show_default=True, help="Images per prompt.")
+@click.option("--num-images", type=int, default=_default(PromptItem, "num_images"), show_default=True,
+              help="Images per prompt, for rows without a num_images cell.")  # fmt: skip
 @click.option("--output", help="Folder the workers write images to [env DIFFQ_OUTPUT; default out].")
-@click.option("--chunk-size", type=int, help="Prompts per job, run as one GPU batch [env DIFFQ_CHUNK_SIZE; 8].")
-@click.option("--job-timeout", type=int, help="Seconds one job may run [env DIFFQ_JOB_TIMEOUT; 3600].")
-@click.option("--max-retries", type=int, help="Retries of a job that failed transiently [3].")
+@click.option("--chunk-size", type=int, help=f"Prompts per job, run as one GPU batch [env DIFFQ_CHUNK_SIZE; "
+              f"{_default(Settings, 'chunk_size')}].")  # fmt: skip
+@click.option("--job-timeout", type=int, help=f"Seconds one job may run [env DIFFQ_JOB_TIMEOUT; "
+              f"{_default(Settings, 'job_timeout')}].")  # fmt: skip
+@click.option("--max-retries", type=int, help=f"Retries of a job that failed transiently [env DIFFQ_MAX_RETRIES; "
+              f"{_default(Settings, 'max_retries')}].")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Validate and count; enqueue nothing.")
 @click.option(
     "--no-path-checks", is_flag=True, help="Do not check that adapter paths exist here (only the workers see them)."
@@ -83,6 +99,8 @@ def enqueue(file: Path, **opts: Any) -> None:
 
     Every row is checked before anything is enqueued. Rows already queued, running or
     done are skipped, so running the same command again resumes an interrupted campaign.
+    The size, steps, guidance, adapter and images flags are defaults for rows whose cell
+    is empty or whose column is missing; a cell always wins.
     """
     settings = Settings.load(
         redis_url=opts["redis_url"],
@@ -106,6 +124,7 @@ def enqueue(file: Path, **opts: Any) -> None:
         check_paths=not opts["no_path_checks"],
     )
     check_model(settings.model)
+    _check_flags(defaults)
     if defaults.adapter and defaults.check_paths:
         try:
             check_adapter(defaults.adapter)
@@ -139,46 +158,70 @@ def enqueue(file: Path, **opts: Any) -> None:
     )
 
 
-@main.command()
+def _check_flags(defaults: RowDefaults) -> None:
+    """A bad flag is one error about the flag, not the same error once per row."""
+    try:
+        GenParams(
+            model=defaults.model,
+            width=defaults.width,
+            height=defaults.height,
+            steps=defaults.steps,
+            guidance=defaults.guidance,
+            adapter=defaults.adapter,
+            adapter_scale=defaults.adapter_scale,
+        ).validate()
+        PromptItem(prompt="-", seed=defaults.seed or 0, num_images=defaults.num_images).validate()
+    except InvalidJobSpec as exc:
+        flag = str(exc).split(" ", 1)[0].replace("_", "-")
+        raise ConfigError(f"--{flag}: {exc}") from None
+
+
+@main.command(short_help="Queued, running, finished and failed jobs; images, rate, ETA, workers.")
 @queue_options
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (numbers, not text).")
 @user_errors
 def status(queue: str | None, redis_url: str | None, as_json: bool) -> None:
-    """Queued, running (by worker/GPU), finished and failed jobs; images written, rate, ETA."""
+    """Queued, running (by worker/GPU, with their step), finished and failed jobs; images written
+    of the campaign's total; images/s and jobs/s over the last 10 minutes; ETA; live workers,
+    and the ones that take no jobs and why."""
     settings = Settings.load(queue=queue, redis_url=redis_url)
-    st = collect(connect(settings.redis_url), settings.queue)
+    st = collect(connect(settings.redis_url), settings.queue, stale_after_s=settings.heartbeat_ttl)
     if as_json:
-        data = asdict(st) | {"pending": st.pending, "eta_s": st.eta_s}
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(st.to_json(), indent=2))
     else:
         click.echo(render(st, redact(settings.redis_url)))
 
 
-@main.command()
+@main.command(short_help="Block until the queue drains, with images/s and ETA; exit 1 if a job failed.")
 @queue_options
 @click.option("--timeout", type=float, help="Give up (exit 4) after this many seconds.")
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between checks.")
 @user_errors
 def wait(queue: str | None, redis_url: str | None, timeout: float | None, poll: float) -> None:
-    """Block until the queue drains; exit 1 if any job failed."""
+    """Block until the queue drains, showing the whole campaign: images written of its total
+    (running jobs' steps included), images/s and jobs/s over the last 10 minutes, and the ETA.
+    Exit 1 if any job failed, 4 on --timeout."""
     settings = Settings.load(queue=queue, redis_url=redis_url)
     conn = connect(settings.redis_url, retries=0)  # the loop below waits out a Redis restart itself
     started = time.monotonic()
-    first = collect(conn, settings.queue, details=False)
-    base_done = first.finished + first.failed
-    bar = Progress(f"queue {settings.queue}", first.pending, "jobs")
+    bar = Progress(f"queue {settings.queue}", None, "img")
     backoff = poll
     while True:
         try:
-            st = collect(conn, settings.queue, details=False)
+            st = collect(conn, settings.queue, stale_after_s=settings.heartbeat_ttl)
             backoff = poll
         except (redis.ConnectionError, redis.TimeoutError):
             bar.update(bar.done, extra="(Redis unreachable, retrying)")
             time.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
             continue
-        done = st.finished + st.failed - base_done
-        bar.update(max(done, 0), total=max(done, 0) + st.pending, extra=f"{st.images_written} images")
+        bar.update(
+            st.images_written + st.images_in_progress,
+            total=st.images_enqueued or None,
+            rate=st.images_per_s,
+            eta=st.eta_s,
+            extra=_wait_extra(st),
+        )
         if st.pending == 0:
             break
         if timeout is not None and time.monotonic() - started > timeout:
@@ -186,30 +229,83 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, poll: 
             click.echo(f"error: queue {settings.queue!r} still has {st.pending} job(s) after {timeout:g}s", err=True)
             sys.exit(4)
         time.sleep(poll)
-    bar.close(extra=f"{st.images_written} images")
+    bar.close(extra=_wait_extra(st))
     if st.failed:
+        permanent = sum(f.permanent for f in st.failures)
         click.echo(
-            f"queue {settings.queue!r} drained with {st.failed} failed job(s): "
-            "see `producer status`, then `producer retry-failed`",
+            f"queue {settings.queue!r} drained with {st.failed} failed job(s): see `producer status`; "
+            + ("fix what it says, then " if permanent else "")
+            + "`producer retry-failed` re-queues the retryable ones",
             err=True,
         )
         sys.exit(1)
     click.echo(f"queue {settings.queue!r} drained: {st.finished} job(s) finished, {st.images_written} images written")
 
 
-@main.command("retry-failed")
+def _wait_extra(st: QueueStatus) -> str:
+    parts = [f"{st.jobs_per_s:.3f} jobs/s", f"{st.queued} queued", f"{st.running} running"]
+    steps = [r.text() for r in st.running_jobs[:2]]
+    if steps:
+        parts[-1] += f" ({'; '.join(steps)})"
+    if st.failed:
+        parts.append(f"{st.failed} failed")
+    return "· " + " · ".join(parts)
+
+
+@main.command("retry-failed", short_help="Put failed jobs back on the queue (the retryable ones by default).")
 @queue_options
+@click.option("--all", "everything", is_flag=True, help="Also jobs that failed permanently (after fixing their input).")
 @user_errors
-def retry_failed(queue: str | None, redis_url: str | None) -> None:
-    """Put every failed job of the queue back on it."""
+def retry_failed(queue: str | None, redis_url: str | None, everything: bool) -> None:
+    """Put the failed jobs of the queue back on it.
+
+    A job that failed permanently (a missing adapter, a model that cannot load, a bad payload,
+    out of memory at one image) fails the same way again until its input or the workers are
+    fixed, so by default only the others are re-queued; --all re-queues them too.
+    """
     settings = Settings.load(queue=queue, redis_url=redis_url)
-    q = get_queue(settings.queue, connect(settings.redis_url))
+    conn = connect(settings.redis_url)
+    q = get_queue(settings.queue, conn)
     registry = FailedJobRegistry(queue=q)
-    count = 0
-    for jid in registry.get_job_ids():
+    ids = registry.get_job_ids()
+    requeued = kept = 0
+    for jid, job in zip(ids, Job.fetch_many(ids, connection=conn, serializer=JSONSerializer), strict=True):
+        if job is not None and job.meta.get("permanent") and not everything:
+            kept += 1
+            continue
         registry.requeue(jid)
-        count += 1
-    click.echo(f"re-queued {count} failed job(s) on queue {settings.queue!r}")
+        requeued += 1
+    click.echo(f"re-queued {requeued} failed job(s) on queue {settings.queue!r}")
+    if kept:
+        click.echo(
+            f"{kept} job(s) failed permanently and would fail again: fix what `producer status` says "
+            "(their input or the workers), then `producer retry-failed --all`"
+        )
+
+
+@main.command(short_help="rq-dashboard for this queue: localhost, basic auth, no delete buttons.")
+@click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL].")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: everyone).")
+@click.option("--port", type=int, default=9181, show_default=True, help="Port to listen on.")
+@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default="diffq", show_default=True, help="Basic auth user.")
+@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", help="Basic auth password (required).")
+@click.option("--allow-delete", is_flag=True, help="Show rq-dashboard's delete and empty buttons.")
+@click.option("--poll-ms", type=int, default=2500, show_default=True, help="How often the pages refresh.")
+@user_errors
+def dashboard(redis_url: str | None, password: str | None, **opts: Any) -> None:
+    """Run rq-dashboard on diffq's queues (pip install ".[dashboard]").
+
+    Its Workers page works while jobs run (diffq's jobs are JSON; rq-dashboard alone reads a
+    running job with pickle and fails). Listens on 127.0.0.1 with basic auth; reach it from
+    another machine through an SSH tunnel, or pass --bind 0.0.0.0 behind your own proxy.
+    """
+    from producer.dashboard import run_dashboard
+
+    settings = Settings.load(redis_url=redis_url)
+    if not password:
+        raise ConfigError("the dashboard needs a password: --password or RQ_DASHBOARD_PASSWORD (basic auth)")
+    connect(settings.redis_url)  # a wrong URL is one line here, not a stack of Flask errors later
+    run_dashboard(redis_url=settings.redis_url, password=password, **opts)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from common.errors import InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
 from common.ledger import DONE, REDO_PREFIX, Ledger
 from common.naming import image_path, item_key, job_id
-from common.queues import TASK_FUNC, get_queue, items_key
+from common.queues import TASK_FUNC, enqueued_key, get_queue, items_key
 from common.settings import Settings
 from producer.reader import Row, RowDefaults, RowError, read_rows
 
@@ -254,9 +254,11 @@ class Enqueuer:
             queue_key=self.queue.key,
             job_key=job.key,
             queues_key=self.queue.redis_queues_keys,
+            enqueued_key=enqueued_key(self.queue.name),
             job_id=jid,
             keys=keys,
             redo=[key in self._redo for key in keys],
+            images=[item.num_images for _, item in keyed],
             job_fields=fields,
         )
         return spec

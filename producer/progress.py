@@ -12,10 +12,18 @@ from typing import TextIO
 
 
 def format_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    hours, rest = divmod(seconds, 3600)
+    """``45s``, ``21m16s``, ``3h02m``, ``2d04h``: a length of time, never mistaken for a clock time."""
+    seconds = int(max(0, round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
 
 
 class Progress:
@@ -24,16 +32,29 @@ class Progress:
         self.total = total
         self.unit = unit
         self.stream = stream or sys.stderr
-        self.done = 0
+        self.done: float = 0
         self.started = time.monotonic()
         self._last_draw = self.started  # short operations print only their closing line
         self._tty = self.stream.isatty()
         self._interval = 0.2 if self._tty else 5.0
+        self._rate: float | None = None
+        self._eta: float | None = None
 
-    def update(self, done: int, total: int | None = None, extra: str = "") -> None:
+    def update(
+        self,
+        done: float,
+        total: int | None = None,
+        extra: str = "",
+        *,
+        rate: float | None = None,
+        eta: float | None = None,
+    ) -> None:
+        """``rate`` and ``eta`` when the caller knows better than "done since I started" (a
+        campaign that was half done when ``producer wait`` started)."""
         self.done = done
         if total is not None:
             self.total = total
+        self._rate, self._eta = rate, eta
         now = time.monotonic()
         if now - self._last_draw >= self._interval:
             self._last_draw = now
@@ -50,17 +71,20 @@ class Progress:
 
     def line(self, extra: str = "") -> str:
         elapsed = time.monotonic() - self.started
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = self._rate if self._rate is not None else (self.done / elapsed if elapsed > 0 else 0.0)
+        digits = 2 if rate < 10 else 1
         if self.total:
-            pct = 100.0 * self.done / self.total
-            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-            eta_text = format_duration(eta) if eta != float("inf") else "?"
+            pct = 100.0 * min(self.done, self.total) / self.total
+            eta = self._eta
+            if eta is None and rate > 0:
+                eta = (self.total - self.done) / rate
+            eta_text = format_duration(eta) if eta is not None else "?"
             text = (
-                f"{self.label}: {self.done}/{self.total} {self.unit} ({pct:5.1f}%) "
-                f"{rate:.1f} {self.unit}/s, ETA {eta_text}"
+                f"{self.label}: {self.done:.0f}/{self.total} {self.unit} ({pct:5.1f}%) "
+                f"{rate:.{digits}f} {self.unit}/s, ETA {eta_text}"
             )
         else:
-            text = f"{self.label}: {self.done} {self.unit}, {rate:.1f} {self.unit}/s"
+            text = f"{self.label}: {self.done:.0f} {self.unit}, {rate:.{digits}f} {self.unit}/s"
         return f"{text} {extra}".rstrip()
 
     def _draw(self, extra: str) -> None:

@@ -1,7 +1,13 @@
-"""Queue status from RQ's registries, plus our images counter and recent-completions window.
+"""Queue status from RQ's registries, plus diffq's counters and recent-completions window.
 
-Every count is O(1) in Redis (list and sorted-set lengths); only running jobs and a few
-failures are fetched one by one, so status stays fast with millions of jobs queued.
+Every count is O(1) in Redis (list and sorted-set lengths, counters); only running jobs (their
+step progress), live workers and a few failures are fetched one by one, so status stays fast
+with millions of jobs queued.
+
+Rates come from the jobs that finished in the last :data:`RECENT_WINDOW_S` seconds, over the
+time from the start of the earliest of them to now: one finished job already gives a rate, and
+several workers finishing in parallel add up. The ETA divides the campaign's images still to
+make (queued, minus what running jobs have done of theirs) by the images/s.
 """
 
 from __future__ import annotations
@@ -22,17 +28,44 @@ from rq.registry import (
 )
 from rq.serializers import JSONSerializer
 
-from common.queues import RECENT_WINDOW_S, get_queue, images_key, paused_key, recent_key
+from common.queues import RECENT_WINDOW_S, enqueued_key, get_queue, images_key, paused_key, recent_key
 from producer.progress import format_duration
 
 MAX_FAILURES_SHOWN = 5
+MAX_RUNNING_SHOWN = 50
 
 
 @dataclass
 class RunningJob:
     job_id: str
     worker: str
-    progress: str
+    step: int | None = None
+    steps: int | None = None
+    images: int = 0
+    images_done: int = 0
+    loading: str | None = None  # "loading model 37%" while the worker loads the job's model
+
+    @property
+    def fraction(self) -> float:
+        """How far along the job is (steps are most of a job's time)."""
+        if self.images_done >= self.images > 0:
+            return 1.0
+        if self.step and self.steps:
+            return self.step / self.steps
+        return 0.0
+
+    def text(self) -> str:
+        if self.loading:
+            return self.loading
+        done = f"{self.images_done}/{self.images or '?'} img"
+        return done if self.step is None else f"step {self.step}/{self.steps}, {done}"
+
+
+@dataclass
+class Failure:
+    job_id: str
+    reason: str
+    permanent: bool
 
 
 @dataclass
@@ -44,11 +77,13 @@ class QueueStatus:
     finished: int = 0
     failed: int = 0
     images_written: int = 0
+    #: images of every item ever queued on this queue (the campaign's size)
+    images_enqueued: int = 0
     images_per_s: float = 0.0
     jobs_per_s: float = 0.0
     running_jobs: list[RunningJob] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
-    failures: list[tuple[str, str]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
     #: live workers that take no jobs (or not some), and why: full disk, a model they cannot load
     paused: dict[str, list[str]] = field(default_factory=dict)
 
@@ -57,8 +92,45 @@ class QueueStatus:
         return self.queued + self.running + self.scheduled
 
     @property
+    def images_in_progress(self) -> float:
+        """Images' worth of work the running jobs have done (by their step progress)."""
+        return sum(r.fraction * r.images for r in self.running_jobs if r.images_done < r.images)
+
+    @property
+    def images_left(self) -> float:
+        return max(0.0, self.images_enqueued - self.images_written - self.images_in_progress)
+
+    @property
     def eta_s(self) -> float | None:
-        return self.pending / self.jobs_per_s if self.jobs_per_s > 0 and self.pending else None
+        if not self.pending or self.images_per_s <= 0:
+            return None
+        return self.images_left / self.images_per_s
+
+    def to_json(self) -> dict[str, object]:
+        """Numbers and objects, for scripts (``status --json``)."""
+        return {
+            "queue": self.queue,
+            "jobs": {
+                "queued": self.queued,
+                "running": self.running,
+                "retrying": self.scheduled,
+                "finished": self.finished,
+                "failed": self.failed,
+                "pending": self.pending,
+            },
+            "images": {
+                "enqueued": self.images_enqueued,
+                "written": self.images_written,
+                "in_progress": round(self.images_in_progress, 2),
+                "left": round(self.images_left, 2),
+            },
+            "rate": {"images_per_s": round(self.images_per_s, 4), "jobs_per_s": round(self.jobs_per_s, 4)},
+            "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
+            "running": [r.__dict__ | {"fraction": round(r.fraction, 3)} for r in self.running_jobs],
+            "failures": [f.__dict__ for f in self.failures],
+            "workers": self.workers,
+            "paused": self.paused,
+        }
 
 
 def failure_reason(job: Job) -> str:
@@ -70,18 +142,22 @@ def failure_reason(job: Job) -> str:
     return text.splitlines()[-1] if text else "unknown (no exception recorded)"
 
 
-def _progress_text(job: Job | None) -> str:
-    if job is None:
-        return ""
-    meta = job.meta or {}
-    step, steps = meta.get("step"), meta.get("steps")
-    done, total = meta.get("images_done", 0), meta.get("images", "?")
-    if step is None:
-        return f"{done}/{total} img"
-    return f"step {step}/{steps}, {done}/{total} img"
+def _running(jid: str, job: Job | None) -> RunningJob:
+    meta = (job.meta if job else None) or {}
+    return RunningJob(
+        job_id=jid,
+        worker=(job.worker_name if job else None) or "?",
+        step=meta.get("step"),
+        steps=meta.get("steps"),
+        images=int(meta.get("images") or 0),
+        images_done=int(meta.get("images_done") or 0),
+        loading=meta.get("loading"),
+    )
 
 
-def collect(conn: redis.Redis, queue_name: str, *, details: bool = True) -> QueueStatus:
+def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_after_s: float = 30) -> QueueStatus:
+    """The queue's state. ``details``: also the running jobs' progress, the live workers (heard
+    from in the last ``stale_after_s`` seconds) and the first failures."""
     queue = get_queue(queue_name, conn)
     kw = {"queue": queue}
     started = StartedJobRegistry(**kw)
@@ -94,37 +170,50 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True) -> Queu
         pipe.zcard(FinishedJobRegistry(**kw).key)
         pipe.zcard(FailedJobRegistry(**kw).key)
         pipe.get(images_key(queue_name))
+        pipe.get(enqueued_key(queue_name))
         now = time.time()
         pipe.zrangebyscore(recent_key(queue_name), now - RECENT_WINDOW_S, "+inf", withscores=True)
-        queued, running, scheduled, deferred, finished, failed, images, recent = pipe.execute()
+        queued, running, scheduled, deferred, finished, failed, images, enqueued, recent = pipe.execute()
     status.queued, status.running, status.scheduled = queued, running, scheduled + deferred
     status.finished, status.failed = finished, failed
     status.images_written = int(images or 0)
-    status.jobs_per_s, status.images_per_s = _rates(recent, now)
+    status.images_enqueued = int(enqueued or 0)
+    status.jobs_per_s, status.images_per_s = rates(recent, now)
     if details:
-        _fill_details(conn, queue_name, status)
+        _fill_details(conn, queue_name, status, stale_after_s)
     return status
 
 
-def _rates(recent: list[tuple[bytes, float]], now: float) -> tuple[float, float]:
-    """Jobs/s and images/s over the recent window; members are ``<job id>:<images>``."""
-    if len(recent) < 2:
+def rates(recent: list[tuple[bytes, float]], now: float) -> tuple[float, float]:
+    """Jobs/s and images/s of the recent window; members are ``<job id>:<images>[:<seconds>]``.
+
+    The span starts when the earliest of those jobs started (its end minus its run time), so a
+    single finished job gives a rate, and parallel workers add up."""
+    if not recent:
         return 0.0, 0.0
-    span = max(now - recent[0][1], 1.0)
-    images = sum(int(member.rsplit(b":", 1)[1]) for member, _ in recent)
+    images = 0
+    start = now
+    for member, ended in recent:
+        parts = member.split(b":")
+        images += int(parts[1])
+        ran = float(parts[2]) if len(parts) > 2 else 0.0
+        start = min(start, ended - ran)
+    span = max(now - start, 1.0)
     return len(recent) / span, images / span
 
 
-def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus) -> None:
+def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus, stale_after_s: float) -> None:
     queue = get_queue(queue_name, conn)
-    started = StartedJobRegistry(queue=queue)
-    running_ids = started.get_job_ids()[:50]
-    for jid, job in zip(
-        running_ids, Job.fetch_many(running_ids, connection=conn, serializer=JSONSerializer), strict=True
-    ):
-        worker = (job.worker_name if job else None) or "?"
-        status.running_jobs.append(RunningJob(jid, worker, _progress_text(job)))
-    status.workers = sorted(w.name for w in Worker.all(queue=queue))
+    running_ids = StartedJobRegistry(queue=queue).get_job_ids()[:MAX_RUNNING_SHOWN]
+    jobs = Job.fetch_many(running_ids, connection=conn, serializer=JSONSerializer)
+    status.running_jobs = [_running(jid, job) for jid, job in zip(running_ids, jobs, strict=True)]
+    now = time.time()
+    live = []
+    for worker in Worker.all(queue=queue):
+        beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
+        if now - beat <= stale_after_s:  # a dead worker's key lingers until its TTL expires
+            live.append(worker.name)
+    status.workers = sorted(live)
     for name, raw in conn.hgetall(paused_key(queue_name)).items():
         if name.decode() in status.workers:
             status.paused[name.decode()] = json.loads(raw).get("reasons", [])
@@ -132,7 +221,8 @@ def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus) -> No
     for jid, job in zip(
         failed_ids, Job.fetch_many(failed_ids, connection=conn, serializer=JSONSerializer), strict=True
     ):
-        status.failures.append((jid, failure_reason(job) if job else "job expired"))
+        reason = failure_reason(job) if job else "job expired"
+        status.failures.append(Failure(jid, reason, bool(job and job.meta.get("permanent"))))
 
 
 def render(status: QueueStatus, redis_label: str) -> str:
@@ -141,23 +231,26 @@ def render(status: QueueStatus, redis_label: str) -> str:
         f"  queued    {status.queued}",
         f"  running   {status.running}",
     ]
-    lines += [f"    {r.job_id} on {r.worker}: {r.progress}" for r in status.running_jobs]
+    lines += [f"    {r.job_id} on {r.worker}: {r.text()}" for r in status.running_jobs]
     if status.scheduled:
         lines.append(f"  retrying  {status.scheduled} (waiting for their backoff)")
     lines += [
         f"  finished  {status.finished}",
         f"  failed    {status.failed}",
     ]
-    lines += [f"    {jid}: {reason}" for jid, reason in status.failures]
+    lines += [f"    {f.job_id}: {f.reason}" for f in status.failures]
     if status.failed > len(status.failures):
-        lines.append(f"    ... {status.failed - len(status.failures)} more (producer retry-failed re-queues them)")
-    lines.append(f"  images    {status.images_written} written")
+        lines.append(f"    ... {status.failed - len(status.failures)} more")
+    if status.failed:
+        lines.append("    (producer retry-failed re-queues the retryable ones; fix the permanent ones first)")
+    total = f" of {status.images_enqueued}" if status.images_enqueued else ""
+    lines.append(f"  images    {status.images_written}{total} written")
     if status.images_per_s:
         eta = status.eta_s
-        eta_text = f", ETA {format_duration(eta)}" if eta else ""
-        lines.append(f"  rate      {status.images_per_s:.2f} img/s ({status.jobs_per_s:.2f} jobs/s){eta_text}")
+        eta_text = f", ETA {format_duration(eta)}" if eta is not None else ""
+        lines.append(f"  rate      {status.images_per_s:.2f} img/s ({status.jobs_per_s:.3f} jobs/s){eta_text}")
     else:
-        lines.append("  rate      - (no job finished in the last 10 minutes)")
+        lines.append(f"  rate      - (no job finished in the last {RECENT_WINDOW_S // 60} minutes)")
     lines.append(f"  workers   {len(status.workers)}" + (": " + ", ".join(status.workers) if status.workers else ""))
     for name, reasons in sorted(status.paused.items()):
         lines += [f"  paused    {name}: {reason}" for reason in reasons]

@@ -100,7 +100,7 @@ def test_dashboard_is_on_localhost_only_with_basic_auth():
     env = dash["environment"]
     assert env["RQ_DASHBOARD_USERNAME"].startswith("${") and env["RQ_DASHBOARD_PASSWORD"].startswith("${")
     assert ":?" in env["RQ_DASHBOARD_PASSWORD"]  # compose refuses to start without a password
-    assert "--json" in dash["command"]
+    assert dash["command"][:2] == ["producer", "dashboard"]  # JSON workers, auth required, no delete
 
 
 def test_workers_lease_gpus_and_stop_warm():
@@ -249,7 +249,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
     # a live worker for the dashboard to list (named after its leased GPU)
     live = subprocess.Popen(command("worker", values), env=worker_env, cwd=ROOT, stderr=subprocess.PIPE)
     dash_env = {**env, **service_env("dashboard", values)}
-    dash_env["RQ_DASHBOARD_REDIS_URL"] = url
+    dash_env["REDIS_URL"] = url
     port = free_port()
     dash_cmd = command("dashboard", values)
     dash_cmd[dash_cmd.index("--port") + 1] = str(port)
@@ -258,7 +258,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
     try:
         auth = (values["DASHBOARD_USER"], values["DASHBOARD_PASSWORD"])
         root = f"http://127.0.0.1:{port}/0/data"
-        wait_for(lambda: _answers(f"{root}/queues.json"), 30, "rq-dashboard to answer")
+        wait_for(lambda: _answers(f"{root}/queues.json"), 240, "rq-dashboard to answer")
         with pytest.raises(urllib.error.HTTPError) as denied:
             get_json(f"{root}/queues.json", None)
         assert denied.value.code == 401
@@ -271,7 +271,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
         def workers() -> list[dict]:
             return get_json(f"{root}/workers.json", auth)["workers"]
 
-        listed = wait_for(lambda: [w for w in workers() if w["name"].startswith("diffq-gpu")], 60, "the live worker")
+        listed = wait_for(lambda: [w for w in workers() if w["name"].startswith("diffq-gpu")], 240, "the live worker")
         assert listed[0]["name"].startswith("diffq-gpu0-") and listed[0]["queues"] == ["diffq"]
 
         failed = get_json(f"{root}/jobs/diffq/failed/10/asc/1.json", auth)["jobs"]

@@ -29,7 +29,7 @@ def drained(redis_server: RedisServer, cache_dir: Path, tmp_path_factory: pytest
         enqueued = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", out, "--chunk-size", "4")
         assert enqueued.exit_code == 0, enqueued.output
         bad = write_csv(out.parent / "bad-adapter.csv", "prompt,adapter\nno such adapter,/nonexistent/dora\n")
-        assert producer("enqueue", bad, *TINY_FLAGS, "--output", out).exit_code == 0
+        assert producer("enqueue", bad, *TINY_FLAGS, "--output", out, "--no-path-checks").exit_code == 0
         worker = run_worker(env)
         yield {"out": out, "worker": worker, "url": redis_server.url, "conn": redis.Redis.from_url(redis_server.url)}
     finally:
@@ -71,9 +71,12 @@ def test_metadata_jsonl_has_one_line_per_image(drained):
 def test_status_counts_and_failure_reason(drained):
     result = producer("status", "--queue", QUEUE, "--json", "--redis-url", drained["url"])
     data = json.loads(result.output)
-    assert (data["queued"], data["running"], data["finished"], data["failed"]) == (0, 0, 4, 1)
-    assert data["images_written"] == 13
-    assert "adapter '/nonexistent/dora' not found on this worker" in data["failures"][0][1]
+    jobs = data["jobs"]
+    assert (jobs["queued"], jobs["running"], jobs["finished"], jobs["failed"]) == (0, 0, 4, 1)
+    assert data["images"]["written"] == 13 and data["images"]["enqueued"] == 14  # 1 failed
+    assert data["rate"]["images_per_s"] > 0 and data["eta_s"] is None
+    (failure,) = data["failures"]
+    assert "adapter '/nonexistent/dora' not found on this worker" in failure["reason"] and failure["permanent"]
 
 
 def test_warm_worker_loads_the_model_once(drained):

@@ -129,10 +129,36 @@ def test_counter_equals_files_after_a_rerun_of_a_done_file(env, conn, tmp_path):
     path = rows_file(tmp_path, 6)
     out = tmp_path / "out"
     args = ("enqueue", path, *TINY_FLAGS, "--chunk-size", "3", "--output", out)
-    assert producer(*args).exit_code == 0
-    assert run_worker(env).returncode == 0
+    enqueued = producer(*args)
+    assert "6 new" in enqueued.output, enqueued.output
+    first = run_worker(env)
+    assert first.returncode == 0 and len(images_under(out)) == 6, first.stderr[-3000:]
     images_under(out)[0].unlink()
     assert "1 new (1 done earlier but missing on disk)" in producer(*args).output
     assert run_worker(env).returncode == 0
     assert_exactly_once(out, 6)
     assert int(conn.get(images_key("diffq"))) == len(images_under(out)) == 6
+
+
+@pytest.mark.slow
+def test_a_job_longer_than_twice_the_heartbeat_ttl_runs_once(env, conn, tmp_path):
+    """The keeper renews the heartbeat of a long job: the other worker never takes it over."""
+    env = {**env, "DIFFQ_HEARTBEAT_TTL": "6", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    long_job = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "300")
+    assert producer("enqueue", rows_file(tmp_path, 1), *long_job, "--output", out).exit_code == 0
+    workers = [start_worker(env, tmp_path / f"w{i}.log", "--name", f"W{i}") for i in range(2)]
+    try:
+        finished = FinishedJobRegistry("diffq", connection=conn)
+        wait_for(lambda: finished.count == 1, 600, "the long job to finish", interval=0.5)
+    finally:
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(60) for proc in workers] == [0, 0]
+    job = Job.fetch(finished.get_job_ids()[0], connection=conn, serializer=JSONSerializer)
+    took = job.ended_at - job.started_at
+    assert took.total_seconds() > 12, f"the job took {took}, not longer than 2 x 6 s: make it longer"
+    assert job.meta["attempts"] == 1 and "abandoned" not in job.meta
+    assert_exactly_once(out, 1)
+    logs = [(tmp_path / f"w{i}.log").read_text() for i in range(2)]
+    assert sum(f"job {job.id}:" in log for log in logs) == 1

@@ -8,6 +8,7 @@ import torch
 from conftest import TINY_FLAGS, images_under, producer, run_worker, write_csv
 from rq.exceptions import DeserializationError
 from rq.job import Job
+from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 
@@ -108,3 +109,20 @@ def test_transient_failures_stop_at_the_retry_limit(env, conn, tmp_path, monkeyp
     assert job.meta["attempts"] == 2
     assert job.meta["error"] == "InjectedFault: injected transient fault on attempt 2 (DIFFQ_FAULT_FAIL_ATTEMPTS=9)"
     assert get_queue("diffq", conn).count == 0
+
+
+def test_retry_failed_requeues_only_what_may_succeed_unless_all(env, conn, tmp_path, monkeypatch):
+    enqueue(tmp_path, "prompt,adapter\nneeds an adapter,/nonexistent/dora\n", "--no-path-checks", "--max-retries", "0")
+    enqueue(tmp_path, "prompt\nflaky one\n", "--max-retries", "0")
+    worker = run_worker({**env, "DIFFQ_FAULT_FAIL_ATTEMPTS": "1"})  # the adapter job fails first anyway
+    assert worker.returncode == 0
+    queue = get_queue("diffq", conn)
+    assert FailedJobRegistry(queue=queue).count == 2
+    first = producer("retry-failed")
+    assert "re-queued 1 failed job(s)" in first.output
+    assert "1 job(s) failed permanently and would fail again" in first.output
+    assert queue.count == 1 and queue.get_jobs()[0].meta.get("permanent") is False
+    wait = producer("wait", "--timeout", "1")
+    assert wait.exit_code == 4  # one job is queued again, nobody runs it
+    everything = producer("retry-failed", "--all")
+    assert "re-queued 1 failed job(s)" in everything.output and queue.count == 2

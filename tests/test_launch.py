@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 
 import pytest
-from conftest import EXAMPLES, ROOT, TINY_FLAGS, producer, worker_cmd
+from conftest import EXAMPLES, ROOT, SLOW, TINY_FLAGS, producer, running_job, wait_for, worker_cmd, write_csv
+from rq import Worker
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
@@ -43,3 +48,48 @@ def test_launch_two_workers_drain_the_queue(env, conn, tmp_path):
     assert {w.split("-")[1] for w in workers} == {"cpu0", "cpu1"}, workers
     assert "[gpu cpu0]" in proc.stdout and "[gpu cpu1]" in proc.stdout
     assert len(list((tmp_path / "images").rglob("*.png"))) == 13
+
+
+def _worker_pids(conn) -> list[int]:
+    return [int(w.name.rsplit("-", 1)[1]) for w in Worker.all(connection=conn) if w.name.startswith("diffq-cpu")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt\nfirst slow one\nsecond slow one\n")
+    assert producer("enqueue", rows, *SLOW, "--chunk-size", "1", "--output", tmp_path / "out").exit_code == 0
+    with open(tmp_path / "launch.log", "wb") as log:
+        launcher = subprocess.Popen(worker_cmd("launch", "--gpus", "cpu,cpu"), env=env, cwd=ROOT, stdout=log)
+    try:
+        names = lambda: [w.name for w in Worker.all(connection=conn) if w.name.startswith("diffq-cpu")]  # noqa: E731
+        wait_for(lambda: sum(bool(running_job(conn, n)) for n in names()) == 2, 180, "both children to denoise")
+        children = _worker_pids(conn)
+        launcher.kill()  # SIGKILL: no handler runs, nothing is sent to the children
+        wait_for(lambda: not any(_alive(pid) for pid in children), 240, "the orphaned children to exit")
+    finally:
+        launcher.kill()
+    queue = get_queue("diffq", conn)
+    assert queue.count == 2 and StartedJobRegistry(queue=queue).count == 0  # given back, not lost
+    assert all("cold shutdown" in job.meta["error"] for job in queue.get_jobs())
+
+
+def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
+    cmd = " ".join(worker_cmd("launch", "--gpus", "cpu,cpu")) + f" | tee {tmp_path / 'launch.log'}"
+    shell = subprocess.Popen(["bash", "-c", cmd], env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(_worker_pids(conn)) == 2, 180, "both children to register")
+        children = _worker_pids(conn)
+        os.killpg(shell.pid, signal.SIGINT)  # a terminal's Ctrl-C: launcher and tee alike
+        wait_for(lambda: not any(_alive(pid) for pid in children), 120, "the children to exit")
+        assert shell.wait(60) is not None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+    assert _worker_pids(conn) == []

@@ -49,10 +49,12 @@ def test_scaled_workers_get_distinct_gpus_and_a_dead_holders_gpu_is_freed(env, c
     env = {**env, "DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0,1"}
     procs = [start_worker(env, tmp_path / f"w{i}.log") for i in range(3)]
     try:
-        leased = wait_for(lambda: len(holders(conn)) == 2 and holders(conn), 60, "two leases")
-        time.sleep(3)
+        leased = wait_for(lambda: len(holders(conn)) == 2 and holders(conn), 240, "two leases")
+        time.sleep(2.5)  # the third worker keeps waiting: it must not take a held GPU
         assert len(holders(conn)) == 2
-        names = wait_for(lambda: len(Worker.all(connection=conn)) == 2 and Worker.all(connection=conn), 60, "2 workers")
+        names = wait_for(
+            lambda: len(Worker.all(connection=conn)) == 2 and Worker.all(connection=conn), 240, "2 workers"
+        )
         assert sorted(n.name.split("-")[1] for n in names) == ["gpu0", "gpu1"]
         logs = [(tmp_path / f"w{i}.log").read_text() for i in range(3)]
         waiting = [i for i, log in enumerate(logs) if "are leased; waiting" in log]

@@ -35,7 +35,7 @@ def test_200k_jobs_fit_in_2kib_each_and_status_stays_fast(env, conn, tmp_path, m
     started = time.perf_counter()
     status = producer("status", "--json")
     status_s = time.perf_counter() - started
-    assert json.loads(status.output)["queued"] == JOBS
+    assert json.loads(status.output)["jobs"]["queued"] == JOBS
     assert per_job <= 2048, f"{per_job:.0f} bytes per queued job"
     assert status_s < 1.0, f"status took {status_s:.2f}s"
 
@@ -44,7 +44,7 @@ def test_200k_jobs_fit_in_2kib_each_and_status_stays_fast(env, conn, tmp_path, m
     drain_s = time.perf_counter() - started
     assert worker.returncode == 0, worker.stderr[-2000:]
     assert len(images_under(out)) == DRAIN
-    assert json.loads(producer("status", "--json").output)["queued"] == JOBS - DRAIN
+    assert json.loads(producer("status", "--json").output)["jobs"]["queued"] == JOBS - DRAIN
     print(
         f"\nload: {JOBS} jobs enqueued in {enqueue_s:.1f}s ({JOBS / enqueue_s:.0f} jobs/s), "
         f"{per_job:.0f} B of Redis memory per queued job, status in {status_s * 1000:.0f} ms, "

@@ -6,11 +6,13 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 import click
 
 from common.errors import DiffqError
+from common.presets import SPEEDUP_LEVERS
 from common.queues import PATIENCE_FOREVER, connect, get_queue
 from common.settings import Settings, redact
 
@@ -37,7 +39,7 @@ def run_options(func: Any) -> Any:
         click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq]."),
         click.option(
             "--speedups",
-            help="auto, none, or a list of vae-fp16, channels-last, fuse-qkv, compile-blocks [DIFFQ_SPEEDUPS].",
+            help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)} [DIFFQ_SPEEDUPS; auto: vae-fp16 on CUDA].",
         ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
@@ -56,8 +58,11 @@ def run_options(func: Any) -> Any:
     "--gpu-lease",
     help="Take one free GPU of these (all, or 0,1,2,3) by a lease in Redis; for compose --scale [DIFFQ_GPU_LEASE].",
 )
+@click.option("--lifeline", type=int, hidden=True, help="(worker launch) fd that closes when the launcher dies.")
 def run(**opts: Any) -> None:
     """Run one worker in this process (no fork per job; the pipeline stays warm)."""
+    if opts["lifeline"] is not None:
+        watch_lifeline(opts["lifeline"])
     try:
         settings = Settings.load(
             queue=opts["queue"],
@@ -80,6 +85,27 @@ def run(**opts: Any) -> None:
                 lease.release()
     except DiffqError as exc:
         _fail(exc)
+
+
+#: what to do when the launcher is gone: exit, until the worker can give its job back first
+_on_orphaned: list[Any] = [lambda: os._exit(1)]
+
+
+def watch_lifeline(fd: int) -> None:
+    """``worker launch`` keeps the write end of this pipe; when the read ends, it is gone."""
+
+    def watch() -> None:
+        while True:
+            try:
+                if not os.read(fd, 64):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        _on_orphaned[-1]()
+
+    threading.Thread(target=watch, name="diffq-lifeline", daemon=True).start()
 
 
 def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
@@ -116,6 +142,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         runtime=rt,
         heartbeat_ttl=settings.heartbeat_ttl,
     )
+    _on_orphaned.append(lambda: worker.stop_now("its launcher is gone"))
     log.info(
         "worker %s serving queue %r at %s on %s (%s, speedups %s)",
         name,
@@ -150,7 +177,7 @@ def launch(gpus: str, **opts: Any) -> None:
 
     try:
         slots = parse_gpus(gpus)
-        Settings.load(queue=opts["queue"], redis_url=opts["redis_url"], dtype=opts["dtype"])
+        Settings.load(queue=opts["queue"], redis_url=opts["redis_url"], dtype=opts["dtype"], speedups=opts["speedups"])
     except DiffqError as exc:
         _fail(exc)
     run_args: list[str] = []

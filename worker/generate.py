@@ -202,19 +202,33 @@ def run_split(
     return total, fitted
 
 
+def unscale(vae: Any, latents: torch.Tensor) -> torch.Tensor:
+    """Latents back to the VAE's space, as ``StableDiffusionXLPipeline.__call__`` does: SDXL
+    divides by ``scaling_factor``; checkpoints whose VAE config sets ``latents_mean`` and
+    ``latents_std`` (Playground v2.5, for one) also de-normalise per channel."""
+    config = vae.config
+    mean, std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
+    if mean is not None and std is not None:
+        channels = latents.shape[1]
+        mean_t = torch.tensor(mean).view(1, channels, 1, 1).to(latents.device, latents.dtype)
+        std_t = torch.tensor(std).view(1, channels, 1, 1).to(latents.device, latents.dtype)
+        return latents * std_t / config.scaling_factor + mean_t
+    return latents / config.scaling_factor
+
+
 def decode(pipe: Any, latents: torch.Tensor) -> torch.Tensor:
     """The SDXL pipeline's decode, plus a finite check when the VAE runs in fp16 by choice."""
     vae = pipe.vae
     upcast = vae.dtype == torch.float16 and vae.config.force_upcast
     if upcast:
         vae.to(dtype=torch.float32)
-    scaled = latents.to(next(iter(vae.post_quant_conv.parameters())).dtype) / vae.config.scaling_factor
+    scaled = unscale(vae, latents.to(next(iter(vae.post_quant_conv.parameters())).dtype))
     image = vae.decode(scaled, return_dict=False)[0]
     if upcast:
         vae.to(dtype=torch.float16)
     elif vae.dtype == torch.float16 and not torch.isfinite(image).all():
         log.warning("fp16 VAE decode overflowed; decoding this batch in fp32 (set a fixed VAE or drop vae-fp16)")
         vae.to(dtype=torch.float32)
-        image = vae.decode(latents.float() / vae.config.scaling_factor, return_dict=False)[0]
+        image = vae.decode(unscale(vae, latents.float()), return_dict=False)[0]
         vae.to(dtype=torch.float16)
     return image

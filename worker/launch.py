@@ -5,6 +5,13 @@ so torch in the child only ever sees its own GPU as ``cuda:0``. Children run in 
 session: a Ctrl-C in the terminal reaches only the launcher, which then asks every child for
 a warm shutdown (finish the current job, take no new one); a second Ctrl-C asks for a cold
 one, and children still alive after the grace period are killed.
+
+Children never outlive the launcher, however it dies (SIGKILL, the OOM killer, a crash): each
+one holds the read end of a pipe whose write end only the launcher has (``--lifeline``). When
+the launcher is gone the read returns, and the child gives its job back to the queue and exits
+at once. Writing to a closed stdout (``worker launch | tee log`` and Ctrl-C, which kills
+``tee`` too) never stops the launcher from signalling its children: it signals first, then
+talks, and a dead stdout is dropped.
 """
 
 from __future__ import annotations
@@ -80,11 +87,20 @@ class Launcher:
         self.stopping = 0  # 0 running, 1 warm stop asked, 2 cold stop asked
         self.stop_deadline = float("inf")
         self._lock = threading.Lock()
+        self._out_dead = False
+        # the children read this pipe; only this process holds its write end (see the module doc)
+        self._lifeline, self._lifeline_write = os.pipe()
 
     def say(self, label: str, line: str) -> None:
+        """One prefixed line on our stdout; if that is gone (``| tee`` killed), drop it."""
         with self._lock:
-            self.out.write(f"[gpu {label}] {line.rstrip()}\n")
-            self.out.flush()
+            if self._out_dead:
+                return
+            try:
+                self.out.write(f"[gpu {label}] {line.rstrip()}\n")
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self._out_dead = True
 
     def _env(self, slot: Slot) -> dict[str, str]:
         env = dict(os.environ)
@@ -97,7 +113,7 @@ class Launcher:
         return env
 
     def _start(self, slot: Slot) -> None:
-        args = [sys.executable, "-m", "worker", "run", *self.run_args]
+        args = [sys.executable, "-m", "worker", "run", *self.run_args, "--lifeline", str(self._lifeline)]
         if not slot.visible:
             args += ["--device", "cpu"]
         slot.proc = subprocess.Popen(
@@ -108,6 +124,7 @@ class Launcher:
             text=True,
             errors="replace",
             start_new_session=True,
+            pass_fds=(self._lifeline,),
         )
         slot.started_at = time.monotonic()
         threading.Thread(target=self._pump, args=(slot, slot.proc), daemon=True).start()
@@ -120,13 +137,13 @@ class Launcher:
 
     def request_stop(self, signum: int, _frame: object) -> None:
         self.stopping = min(self.stopping + 1, 2)
-        kind = "warm (finish current jobs)" if self.stopping == 1 else "cold (stop now)"
-        self.say("*", f"launcher: {signal.Signals(signum).name}: {kind} shutdown of all workers")
         # a warm stop waits for current jobs however long they take; a cold one gets a grace period
         self.stop_deadline = float("inf") if self.stopping == 1 else time.monotonic() + KILL_GRACE_S
-        for slot in self.slots:
+        for slot in self.slots:  # the children first: saying so may fail (see say)
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.send_signal(signal.SIGTERM)
+        kind = "warm (finish current jobs)" if self.stopping == 1 else "cold (stop now)"
+        self.say("*", f"launcher: {signal.Signals(signum).name}: {kind} shutdown of all workers")
 
     def run(self) -> int:
         signal.signal(signal.SIGINT, self.request_stop)

@@ -26,6 +26,7 @@ from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from worker import models
 from worker.generate import BatchResult, run_split
+from worker.loading import download_progress
 from worker.speedups import Speedups
 from worker.speedups import apply as apply_speedups
 
@@ -80,8 +81,9 @@ class PipelineCache:
         self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
         self.loads = 0
 
-    def get(self, model: str) -> tuple[LoadedPipeline, float]:
-        """The warm pipeline for ``model`` and the seconds this call spent loading it (0 when warm)."""
+    def get(self, model: str, on_progress: Callable[[str | None], None] | None = None) -> tuple[LoadedPipeline, float]:
+        """The warm pipeline for ``model`` and the seconds this call spent loading it (0 when warm).
+        ``on_progress`` hears what the load is doing ("downloading model: … (37%)"), then None."""
         key = (model, self.dtype, str(self.device))
         if key in self._loaded:
             return self._loaded[key], 0.0
@@ -89,7 +91,19 @@ class PipelineCache:
             self._evict()
         started = time.perf_counter()
         log.info("loading model %s (%s on %s)", model, str(self.dtype).removeprefix("torch."), self.device)
-        pipe = self._load(model)
+
+        def report(text: str | None) -> None:
+            if text:
+                log.info("%s (%s)", text, model)
+            if on_progress is not None:
+                on_progress(text)
+
+        report(f"loading model {model}")
+        try:
+            with download_progress(report):
+                pipe = self._load(model)
+        finally:
+            report(None)
         pipe.set_progress_bar_config(disable=True)
         apply_speedups(pipe, self.speedups)
         seconds = time.perf_counter() - started

@@ -40,6 +40,7 @@ from types import FrameType
 from typing import Any
 
 from rq import SimpleWorker
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
@@ -124,7 +125,7 @@ class DiffqWorker(SimpleWorker):
         self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
         self._keeper_failures = 0
         self._keeper_stop = threading.Event()
-        self._signals = SignalWatcher(self._warm_stop, self._cold_stop)
+        self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
 
     # -- heartbeats and recovery ------------------------------------------------------------
@@ -160,8 +161,14 @@ class DiffqWorker(SimpleWorker):
             return False
         return self.connection.zscore(job.started_job_registry.key, execution.composite_key) is not None
 
-    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
-        super().bootstrap(*args, **kwargs)
+    def bootstrap(
+        self,
+        logging_level: str | None = "INFO",
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
+        super().bootstrap(logging_level, date_format, log_format)
+        self.log.setLevel(logging.WARNING)  # RQ says four things per job; the job function says one
         self._scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)
         self._scheduler.log.setLevel(logging.WARNING)  # it logs every lock it takes, every few seconds
         self._keeper_stop.clear()
@@ -203,7 +210,10 @@ class DiffqWorker(SimpleWorker):
 
     def _keep_running_job(self) -> None:
         job = self._running
-        if job is None or self.execution is None or self._lost == job.id:
+        if job is None:
+            self.heartbeat(self.worker_ttl)  # idle or paused: still alive, for producer status
+            return
+        if self.execution is None or self._lost == job.id:
             return
         if self.owns(job):
             self.maintain_heartbeats(job)
@@ -252,19 +262,18 @@ class DiffqWorker(SimpleWorker):
         with suppress(Exception):
             self.set_shutdown_requested_date()
         doing = f"finishing job {job.id}, then exiting" if job is not None else "exiting"
-        self.log.warning("Worker %s: %s: warm shutdown, %s (again for a cold one)", self.name, signal_name, doing)
+        log.warning("%s: warm shutdown, %s (again for a cold one)", signal_name, doing)
 
-    def _cold_stop(self, signal_name: str) -> None:
-        """A second signal: the job goes back at the front of its queue and the process ends now,
-        whatever the main thread is in the middle of."""
+    def stop_now(self, why: str) -> None:
+        """A cold stop (a second signal, or the launcher gone): the job goes back at the front of
+        its queue and the process ends now, whatever the main thread is in the middle of."""
         job, queue = self._running, self._running_queue
         try:
             if job is not None and queue is not None and self._lost != job.id:
                 self.give_back(job, queue, f"interrupted by a cold shutdown of {self.name}; re-queued")
-                self.log.warning("Worker %s: %s: cold shutdown; job %s re-queued at the front", self.name,
-                                 signal_name, job.id)  # fmt: skip
+                log.warning("%s: cold shutdown; job %s re-queued at the front", why, job.id)  # fmt: skip
             else:
-                self.log.warning("Worker %s: %s: cold shutdown", self.name, signal_name)
+                log.warning("%s: cold shutdown", why)
             self.register_death()
             if self.lease is not None:
                 self.lease.release()
@@ -304,10 +313,10 @@ class DiffqWorker(SimpleWorker):
         failure = classify(exc)
         cause = f"{type(exc).__name__}: {failure.reason}"
         if cause in self._told:
-            self.log.error("Worker %s: job %s failed: %s", self.name, job.id, failure.reason)
+            log.error("job %s failed: %s", job.id, failure.reason)
         else:
             self._told.add(cause)
-            self.log.error("Worker %s: job %s failed: %s", self.name, job.id, failure.reason, exc_info=exc_info)
+            log.error("job %s failed: %s", job.id, failure.reason, exc_info=exc_info)
         for handler in self._exc_handlers:
             if handler(job, *exc_info) is False:
                 break
@@ -317,7 +326,7 @@ class DiffqWorker(SimpleWorker):
     ) -> None:
         exc = sys.exc_info()[1]  # RQ calls this inside its ``except`` block
         if self._lost == job.id:
-            self.log.warning("Worker %s: job %s belongs to another worker now; recorded nothing", self.name, job.id)
+            log.warning("job %s belongs to another worker now; recorded nothing", job.id)
             with self.connection.pipeline() as pipe:
                 self.cleanup_execution(job, pipeline=pipe)
                 pipe.execute()
@@ -340,7 +349,7 @@ class DiffqWorker(SimpleWorker):
         if isinstance(exc, NotServedHere):
             self.give_back(job, queue, f"{self.name}: {exc}", at_front=False)  # for other workers
             self._give_backs += 1
-            self.log.info("Worker %s: job %s given back: %s", self.name, job.id, exc)
+            log.info("job %s given back: %s", job.id, exc)
             return
         self.give_back(job, queue, f"given back by {self.name}: {exc}")
         if isinstance(exc, OutputUnavailable) and exc.output:
@@ -351,7 +360,7 @@ class DiffqWorker(SimpleWorker):
         """Take no job until ``probe`` passes; it is tried with backoff while the keeper keeps
         the worker alive. Said once in the log, and kept in Redis for ``producer status``."""
         self.paused = Pause(reason, probe, since=time.time(), next_probe=time.monotonic() + 1.0)
-        self.log.error("Worker %s: paused, jobs stay queued: %s", self.name, reason)
+        log.error("paused, jobs stay queued: %s", reason)
         with suppress(Exception):
             self.set_state(WorkerStatus.SUSPENDED)
             self._publish_state()
@@ -372,7 +381,7 @@ class DiffqWorker(SimpleWorker):
                 pause.backoff = min(pause.backoff * 2, PAUSE_MAX_BACKOFF_S)
                 pause.next_probe = time.monotonic() + pause.backoff
                 continue
-            self.log.warning("Worker %s: resumed after %.0fs: %s", self.name, time.time() - pause.since,
+            log.warning("resumed after %.0fs: %s", time.time() - pause.since,
                              "the output folder can take jobs again")  # fmt: skip
             self.paused = pause = None
             with suppress(Exception):
@@ -408,7 +417,7 @@ class DiffqWorker(SimpleWorker):
             if wait is None:
                 return None
             if why != said:
-                self.log.info("Worker %s: burst: queue is empty but %s; waiting", self.name, why)
+                log.info("burst: queue is empty but %s; waiting", why)
                 said = why
             time.sleep(min(max(wait, 0.2), self.keepalive_s))
             self._enqueue_due_retries()
@@ -418,8 +427,7 @@ class DiffqWorker(SimpleWorker):
         """After giving jobs back in a row: wait longer each time (the queue may hold nothing
         else); a burst worker that went round the whole queue stops (False)."""
         if burst and self._give_backs > sum(q.count for q in self.queues):
-            self.log.warning("Worker %s: burst: the queue holds only jobs this worker does not take; exiting",
-                             self.name)  # fmt: skip
+            log.warning("burst: the queue holds only jobs this worker does not take; exiting")
             return False
         deadline = time.monotonic() + min(0.5 * 2 ** (self._give_backs - 1), GIVE_BACK_MAX_WAIT_S)
         while time.monotonic() < deadline and not self._stop_requested:

@@ -15,17 +15,11 @@ from typing import Any
 
 import torch
 
-from common.errors import ConfigError
+from common.presets import SPEEDUP_LEVERS, speedup_names
 
 log = logging.getLogger("diffq.worker")
 
-LEVERS = {
-    "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",
-    "channels-last": "UNet and VAE in channels_last memory format",
-    "fuse-qkv": "fused QKV projections in the UNet's attention",
-    "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
-    "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
-}
+LEVERS = SPEEDUP_LEVERS
 #: chosen by the measurements in docs/benchmarks.md (CUDA only; the CPU runs the plain pipeline)
 CUDA_DEFAULT = ("vae-fp16",)
 
@@ -36,19 +30,10 @@ class Speedups:
 
     @classmethod
     def parse(cls, text: str, device: torch.device) -> Speedups:
-        text = text.strip()
-        if text == "auto":
+        names = speedup_names(text)
+        if names is None:
             return cls(frozenset(CUDA_DEFAULT if device.type == "cuda" else ()))
-        if text in ("", "none"):
-            return cls(frozenset())
-        names = {name.strip() for name in text.split(",") if name.strip()}
-        unknown = names - set(LEVERS)
-        if unknown:
-            raise ConfigError(
-                f"--speedups: unknown lever(s) {', '.join(sorted(unknown))}; use auto, none or a list of "
-                + ", ".join(LEVERS)
-            )
-        return cls(frozenset(names))
+        return cls(names)
 
     def __contains__(self, name: str) -> bool:
         return name in self.levers

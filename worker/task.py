@@ -26,7 +26,7 @@ from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import JobSpec, PromptItem
 from common.ledger import DONE, Ledger
 from common.naming import image_path, image_relpath, item_key
-from common.queues import RECENT_WINDOW_S, images_key, intents_key, items_key, recent_key
+from common.queues import RECENT_WINDOW_S, get_queue, images_key, intents_key, items_key, recent_key
 from worker import runtime
 from worker.faults import block_in_c, fail_early_attempts, install_oom_fault
 from worker.images import (
@@ -129,22 +129,26 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
 
     # 6. Record: metadata lines, items done, counters; fenced on this execution
     existing = [_item_record(chunk, item, key, i) | {"recovered": True} for key, item, i in plan.existing]
-    counted = _record(conn, queue_name, job, rt.execution, chunk, plan, output, records + existing)
+    counted = _record(conn, queue_name, job, rt.execution, chunk, plan, output, records + existing, started)
     timings["total_s"] = time.perf_counter() - started
     progress.update(force=True, images_done=chunk.num_images)
+    left = conn.llen(get_queue(queue_name, conn).key) if conn is not None else 0
+    per_image = timings["total_s"] / len(records) if records else 0.0
     log.info(
-        "job %s: %d image(s) written, %d already done, %d recovered, %d counted in %.2fs",
+        "job %s: %d image(s) in %.1fs (%.2f s/img)%s%s; %d job(s) queued",
         job.id if job else "-",
         len(records),
-        plan.skipped,
-        len(plan.existing),
-        counted,
         timings["total_s"],
+        per_image,
+        f", {plan.skipped} done before" if plan.skipped else "",
+        f", {len(plan.existing)} recovered" if plan.existing else "",
+        left,
     )
     return {
         "files": [r["file"] for r in records],
         "skipped": plan.skipped,
         "recovered": len(plan.existing),
+        "counted": counted,  # images this execution added to the queue's counter
         "output": str(Path(output)),
         "timings": {k: round(v, 4) for k, v in timings.items()},
         "worker": rt.worker_name,
@@ -185,7 +189,8 @@ def _generate(
     model = f"model {params.model!r}"
     rt.breaker.check(model)
     try:
-        loaded, timings["load_s"] = rt.pipelines.get(params.model)
+        loaded, timings["load_s"] = rt.pipelines.get(params.model, on_progress=lambda text: progress.update(
+            force=True, loading=text))  # fmt: skip
     except ModelLoadError as exc:
         rt.breaker.failed(model, str(exc))
         raise
@@ -261,6 +266,7 @@ def _record(
     plan: Plan,
     output: Path,
     records: list[dict[str, Any]],
+    started: float,
 ) -> int:
     """Append the metadata lines and mark the items done, as one step under the metadata lock,
     only while this execution still owns the job. Returns the images newly counted.
@@ -302,7 +308,7 @@ def _record(
             member=execution,
             now=now,
             window_start=now - RECENT_WINDOW_S,
-            recent_member=f"{job.id}:{len(records)}",
+            recent_member=f"{job.id}:{len(records)}:{time.perf_counter() - started:.3f}",
             images={key: item.num_images for key, item in zip(plan.keys, chunk.items, strict=True)},
         )
     if counted is None:

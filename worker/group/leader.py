@@ -57,7 +57,8 @@ class GroupPipelines:
         self.lost = False  # a peer is gone: the job goes back to the queue and the group exits
         self.stop_asked = False  # some rank got SIGTERM
 
-    def get(self, model: str) -> tuple[LoadedPipeline, float]:
+    def get(self, model: str, on_progress: Any = None) -> tuple[LoadedPipeline, float]:
+        """The group's one model (loaded by every rank at start-up)."""
         if model != self.engine.model:
             raise ModelLoadError(
                 f"this xDiT group serves {self.engine.model!r} and the job asks for {model!r}: "
@@ -161,9 +162,8 @@ class GroupWorker(DiffqWorker):
             self.give_back(
                 job, queue, f"the xDiT group {self.name} lost a rank (pid {dead[0]}) during this job; re-queued"
             )
-        self.log.error(
-            "Worker %s: rank process(es) %s died and the main thread is stuck; %s, exiting",
-            self.name,
+        log.error(
+            "rank process(es) %s died and the main thread is stuck; %s, exiting",
             ",".join(map(str, dead)),
             f"job {job.id} re-queued" if job is not None else "no job was running",
         )
@@ -182,7 +182,7 @@ class GroupWorker(DiffqWorker):
         try:
             self.group.ping()
         except GroupLost as exc:
-            self.log.error("Worker %s: %s; the group exits", self.name, exc)
+            log.error("%s; the group exits", exc)
             raise SystemExit(EXIT_GROUP_LOST) from None
         self._stop_requested |= self.group.stop_asked
 
@@ -192,7 +192,7 @@ class GroupWorker(DiffqWorker):
         if self.group.lost:
             # not the job's fault: back to the front of the queue, retries untouched
             self.give_back(job, queue, f"the xDiT group {self.name} lost a rank during this job; re-queued")
-            self.log.error("Worker %s: a rank left the group during job %s; re-queued, exiting", self.name, job.id)
+            log.error("a rank left the group during job %s; re-queued, exiting", job.id)
             self.exit_after_job = EXIT_GROUP_LOST
             return
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)

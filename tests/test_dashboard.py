@@ -1,0 +1,104 @@
+"""`producer dashboard`: the real rq-dashboard 0.9.0, with its Workers page working while a job
+runs (rq-dashboard alone answers HTTP 500 then), basic auth required, delete buttons off."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SLOW, free_port, producer, running_job, start_worker, wait_for, write_csv
+
+
+def get(url: str, auth: tuple[str, str] | None = ("diffq", "s3cret"), data: bytes | None = None):
+    request = urllib.request.Request(url, data=data)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def answers(url: str) -> bool:
+    try:
+        get(url)
+    except (urllib.error.URLError, ConnectionError):
+        return False
+    return True
+
+
+def dashboard(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "producer", "dashboard", *args]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+
+
+def test_workers_page_shows_the_running_job(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt\nshown on the dashboard\n")
+    assert producer("enqueue", rows, *SLOW, "--output", tmp_path / "out").exit_code == 0
+    worker = start_worker(env, tmp_path / "w.log", "--name", "diffq-gpu0-test")
+    port = free_port()
+    dash = dashboard({**env, "RQ_DASHBOARD_PASSWORD": "s3cret"}, "--port", str(port))
+    root = f"http://127.0.0.1:{port}/0/data"
+    try:
+        job = wait_for(lambda: running_job(conn, "diffq-gpu0-test"), 120, "the worker to be denoising")
+        wait_for(lambda: answers(f"{root}/queues.json"), 240, "the dashboard to answer")
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            get(f"{root}/workers.json", auth=None)
+        assert denied.value.code == 401
+        workers = get(f"{root}/workers.json")["workers"]  # HTTP 500 with plain rq-dashboard
+        (listed,) = [w for w in workers if w["name"] == "diffq-gpu0-test"]
+        assert listed["state"] == "busy" and listed["current_job"]["job_id"] == job.id
+        assert listed["current_job"]["description"].startswith("'shown on the dashboard' · 1 img")
+        refused = get(f"http://127.0.0.1:{port}/job/{job.id}/delete", data=b"")
+        assert refused == {"status": "DISABLED"}
+
+        # rq-dashboard on its own, with --json, fails on the same page while the job runs
+        plain_port = free_port()
+        plain = subprocess.Popen(
+            [
+                "rq-dashboard",
+                "--json",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(plain_port),
+                "--redis-url",
+                env["REDIS_URL"],
+            ],
+            env={**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            plain_root = f"http://127.0.0.1:{plain_port}/0/data"
+            wait_for(lambda: answers_plain(f"{plain_root}/queues.json"), 240, "plain rq-dashboard to answer")
+            with pytest.raises(urllib.error.HTTPError) as broken:
+                get(f"{plain_root}/workers.json", auth=None)
+            assert broken.value.code == 500 and running_job(conn, "diffq-gpu0-test") is not None
+        finally:
+            plain.kill()
+    finally:
+        for proc in (dash, worker):
+            proc.kill()
+
+
+def answers_plain(url: str) -> bool:
+    try:
+        get(url, auth=None)
+    except (urllib.error.URLError, ConnectionError):
+        return False
+    return True
+
+
+def test_dashboard_refuses_to_start_without_a_password(env):
+    done = subprocess.run(
+        [sys.executable, "-m", "producer", "dashboard"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: the dashboard needs a password: --password or RQ_DASHBOARD_PASSWORD (basic auth)"
+    )
