@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test test-fast lint format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -30,6 +30,10 @@ demo: install
 
 test: install
 	$(BIN)/pytest -q
+
+# every module's pure logic and one end-to-end run, in about a minute; `make test` is the whole suite
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

@@ -22,7 +22,7 @@ variant = set(filter(None, os.environ.get("DIFFQ_BENCH_VARIANT", "").split(","))
 if "nothreads" in variant:
     from rq.worker import BaseWorker
 
-    from worker.rqworker import DiffqWorker
+    from worker.serving.rqworker import DiffqWorker
 
     DiffqWorker._keep = lambda self: None  # type: ignore[method-assign]
     BaseWorker.subscribe = lambda self: None  # type: ignore[method-assign]

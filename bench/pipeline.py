@@ -1,7 +1,7 @@
 """Bare-pipeline benchmark on one GPU: the baseline, batch sizes, and each speed lever.
 
-Runs the same code the worker runs (``worker.models.sdxl_random``, ``worker.generate.run_batch``,
-``worker.speedups.apply``), minus Redis and PNG writing, and writes one JSON line per
+Runs the same code the worker runs (``worker.pipelines.models.sdxl_random``, ``worker.pipelines.generate.run_batch``,
+``worker.pipelines.speedups.apply``), minus Redis and PNG writing, and writes one JSON line per
 measurement to ``--out`` as soon as it is taken (a killed run keeps what it measured).
 
     python3 bench/pipeline.py --out $OUT/pipeline.jsonl --batches 1,4,8 --levers vae-fp16,fuse-qkv
@@ -21,10 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.jobspec import GenParams
-from worker.generate import run_batch
-from worker.models import sdxl_random
-from worker.speedups import Speedups
-from worker.speedups import apply as apply_speedups
+from worker.pipelines.generate import run_batch
+from worker.pipelines.models import sdxl_random
+from worker.pipelines.speedups import Speedups
+from worker.pipelines.speedups import apply as apply_speedups
 
 PROMPTS = [f"a photo of a {w} on a wooden table, studio light" for w in ("cat", "teapot", "lamp", "fox") * 8]
 
@@ -226,7 +226,7 @@ def main() -> None:
 
     # finite check of the last decode, and the fp16-vs-fp32 VAE difference on the same latents
     if "vae-fp16" in applied:
-        from worker.generate import decode
+        from worker.pipelines.generate import decode
 
         latents = torch.randn(1, 4, args.size // 8, args.size // 8, device="cuda", dtype=torch.float16)
         with torch.inference_mode():

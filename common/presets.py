@@ -1,7 +1,7 @@
 """Model presets: names a job can use in place of a hub id or a folder.
 
 These are plain data so the producer can print and check them without importing torch;
-``worker/models.py`` knows how to build each one.
+``worker/pipelines/models.py`` knows how to build each one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ MODEL_PRESETS: dict[str, str] = {
     "flux-random": "FLUX.1-dev architecture (12 B DiT, T5-XXL) with random weights (xDiT group benchmarks)",
 }
 
-#: Speed levers a worker can switch on (``--speedups`` / ``DIFFQ_SPEEDUPS``); worker/speedups.py applies them.
+#: Speed levers a worker can switch on (``--speedups`` / ``DIFFQ_SPEEDUPS``); worker/pipelines/speedups.py applies them.
 SPEEDUP_LEVERS: dict[str, str] = {
     "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",
     "channels-last": "UNet and VAE in channels_last memory format",

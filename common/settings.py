@@ -1,6 +1,6 @@
 """Settings: one typed object built once from command-line flags and the environment.
 
-This is the only module that reads ``os.environ`` (the GPU pinning in ``worker/launch.py``
+This is the only module that reads ``os.environ`` (the GPU pinning in ``worker/supervision/launch.py``
 *writes* it for child processes, before they import torch). Every name below works the
 same inside and outside containers; ``.env.example`` lists them with their defaults.
 """
@@ -36,9 +36,17 @@ ENV_NAMES: dict[str, str] = {
     "retry_backoff": "DIFFQ_RETRY_BACKOFF",
     "heartbeat_ttl": "DIFFQ_HEARTBEAT_TTL",
     "log_level": "DIFFQ_LOG_LEVEL",
+    "ulysses_degree": "DIFFQ_ULYSSES_DEGREE",
+    "ring_degree": "DIFFQ_RING_DEGREE",
+    "pipefusion_degree": "DIFFQ_PIPEFUSION_DEGREE",
+    "cfg_parallel": "DIFFQ_CFG_PARALLEL",
+    "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
+    "group_timeout": "DIFFQ_GROUP_TIMEOUT",
     "fault_oom_above": "DIFFQ_FAULT_OOM_ABOVE",
     "fault_fail_attempts": "DIFFQ_FAULT_FAIL_ATTEMPTS",
     "fault_block_decode": "DIFFQ_FAULT_BLOCK_DECODE",
+    "fault_group_rank": "DIFFQ_FAULT_GROUP_RANK",
+    "fault_group_hang": "DIFFQ_FAULT_GROUP_HANG",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -71,12 +79,25 @@ class Settings:
     #: another worker; the keeper renews every sixth of it and looks for dead ones every third
     heartbeat_ttl: int = 30
     log_level: str = "INFO"
+    # -- xDiT groups (worker/group): how each image is split over the ranks; flags win
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    pipefusion_degree: int = 1
+    cfg_parallel: bool = False
+    data_parallel_degree: int = 1
+    #: seconds a rank waits for the others inside a job before the group exits
+    group_timeout: int = 300
+    # -- tests only: fault injection (worker/faults.py), all off by default
     #: tests only: the UNet raises CUDA's out-of-memory error for batches above this many images
     fault_oom_above: int = -1
     #: tests only: the first N attempts of every job fail with a transient error
     fault_fail_attempts: int = 0
     #: tests only: before decoding, hold the main thread in one C call this big (a square matrix side)
     fault_block_decode: int = 0
+    #: tests only, groups: ``RANK:TEXT`` makes that rank fail every batch whose prompts contain TEXT
+    fault_group_rank: str = ""
+    #: tests only, groups: ``RANK:FILE`` makes that rank hang in its first batch (FILE records it)
+    fault_group_hang: str = ""
 
     @classmethod
     def load(cls, **flags: Any) -> Settings:
@@ -135,6 +156,11 @@ class Settings:
 
 
 def _convert(name: str, raw: str, annotation: Any, *, source: str) -> Any:
+    if annotation in (bool, "bool"):
+        text = raw.strip().lower()
+        if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{source}={raw!r}: use 1 or 0")
+        return text in ("1", "true", "yes", "on")
     if annotation in (int, "int"):
         try:
             return int(raw)

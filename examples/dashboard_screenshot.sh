@@ -10,7 +10,7 @@ PORT=$($BIN/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0))
 DASH=$($BIN/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export OMP_NUM_THREADS=1 REDIS_URL=redis://127.0.0.1:$PORT/0 DIFFQ_CACHE=$WORK/cache DIFFQ_LEASE_SCOPE=screenshot DIFFQ_DEVICE=cpu
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; tail -5 "$WORK"/w*.log; rm -rf "$WORK"' EXIT
+trap 'kill -9 "${pids[@]}" 2>/dev/null; wait 2>/dev/null; tail -5 "$WORK"/w*.log; rm -rf "$WORK"' EXIT
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --dir "$WORK" >/dev/null & pids+=($!)
 sleep 0.5
 $BIN/producer enqueue examples/prompts.csv --model tiny --width 128 --height 128 --steps 40 \

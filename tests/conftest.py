@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def conn(redis_url: str) -> redis.Redis:
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model and tiny-dora adapter, written once for the session by the real code."""
-    from worker.models import ensure_tiny, ensure_tiny_dora
+    from worker.pipelines.models import ensure_tiny, ensure_tiny_dora
 
     path = tmp_path_factory.mktemp("cache")
     ensure_tiny(path)
@@ -187,3 +188,13 @@ def assert_exactly_once(output: Path, expected: int) -> None:
     lines = (output / "metadata.jsonl").read_text().splitlines()
     files = [json.loads(line)["file"] for line in lines]
     assert sorted(files) == sorted(str(p.relative_to(output)) for p in images)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (stopped or not) and wait until it is gone: a worker blocked in RQ's
+    BLMOVE keeps its connection until its process is reaped, and could still take a job that the
+    next test enqueues."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+    proc.wait(60)

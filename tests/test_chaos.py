@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import RedisServer, assert_exactly_once, free_port, producer, start_worker, wait_for, write_csv
+from conftest import RedisServer, assert_exactly_once, free_port, kill, producer, start_worker, wait_for, write_csv
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.queues import get_queue, images_key, intents_key
-from worker.recovery import requeue_abandoned
+from worker.serving.recovery import requeue_abandoned
 
 SEED = int(os.environ.get("DIFFQ_CHAOS_SEED", "20261123"))
 JOBS = 120
@@ -72,8 +72,7 @@ class Fleet:
             return
         self.faults[action] += 1
         if action == "sigkill":
-            proc.kill()
-            proc.wait(30)
+            kill(proc)
         elif action == "sigstop":
             proc.send_signal(signal.SIGSTOP)
             self.stopped[name] = time.monotonic() + stall
@@ -142,7 +141,7 @@ def test_chaos_every_image_exactly_once(env, tmp_path, monkeypatch, aof_server):
         for proc in fleet.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
-                proc.kill()
+                kill(proc)
     print(f"chaos seed {SEED}: {dict(fleet.faults)} in {CHAOS_S:.0f}s; drained {time.monotonic() - started:.0f}s in")
     assert codes == [0] * WORKERS
     assert FailedJobRegistry(queue=queue).count == 0

@@ -12,7 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SLOW, free_port, producer, running_job, start_worker, wait_for, write_csv
+from conftest import ROOT, SLOW, free_port, kill, producer, running_job, start_worker, wait_for, write_csv
+
+pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
 
 
 def get(url: str, auth: tuple[str, str] | None = ("diffq", "s3cret"), data: bytes | None = None):
@@ -80,10 +82,10 @@ def test_workers_page_shows_the_running_job(env, conn, tmp_path):
                 get(f"{plain_root}/workers.json", auth=None)
             assert broken.value.code == 500 and running_job(conn, "diffq-gpu0-test") is not None
         finally:
-            plain.kill()
+            kill(plain)
     finally:
         for proc in (dash, worker):
-            proc.kill()
+            kill(proc)
 
 
 def answers_plain(url: str) -> bool:

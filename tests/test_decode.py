@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from diffusers import StableDiffusionXLPipeline
 
-from worker.generate import decode
-from worker.models import ensure_tiny
+from worker.pipelines.generate import decode
+from worker.pipelines.models import ensure_tiny
 
 CALL = {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "num_inference_steps": 3, "guidance_scale": 5.0}
 

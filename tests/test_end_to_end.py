@@ -100,3 +100,13 @@ def test_wait_exits_nonzero_because_a_job_failed(drained):
     result = producer("wait", "--queue", QUEUE, "--redis-url", drained["url"], "--timeout", "5")
     assert result.exit_code == 1
     assert "1 failed job(s)" in result.output
+
+
+def test_the_worker_log_says_one_line_per_job(drained):
+    log = drained["worker"].stderr
+    assert "Acquired scheduler lock" not in log
+    queue = get_queue(QUEUE, drained["conn"])
+    ids = queue.finished_job_registry.get_job_ids() + queue.failed_job_registry.get_job_ids()
+    assert len(ids) == 5
+    assert all(log.count(jid) == 1 for jid in ids), log
+    assert "s/img" in log and "job(s) queued" in log

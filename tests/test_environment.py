@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TINY_FLAGS, assert_exactly_once, producer, run_worker, start_worker, wait_for, write_csv
+from conftest import TINY_FLAGS, assert_exactly_once, kill, producer, run_worker, start_worker, wait_for, write_csv
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
 from common.queues import get_queue, images_key
@@ -33,6 +33,7 @@ def log_text(path: Path) -> str:
     return path.read_text(errors="replace")
 
 
+@pytest.mark.slow
 def test_full_then_read_only_disk_pauses_the_worker_and_loses_no_job(env, conn, small_disk, tmp_path):
     out = small_disk / "out"
     rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"disk prompt {i}\n" for i in range(6)))
@@ -73,10 +74,10 @@ def test_full_then_read_only_disk_pauses_the_worker_and_loses_no_job(env, conn, 
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(60) == 0
     finally:
-        if worker.poll() is None:
-            worker.kill()
+        kill(worker)
 
 
+@pytest.mark.slow
 def test_a_model_the_worker_cannot_load_fails_two_jobs_and_the_rest_stay_queued(env, conn, tmp_path):
     bad = write_csv(tmp_path / "bad.csv", "prompt\n" + "".join(f"bad model {i}\n" for i in range(6)))
     flags = ("--width", "64", "--height", "64", "--steps", "3", "--chunk-size", "1")

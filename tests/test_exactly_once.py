@@ -15,6 +15,7 @@ from conftest import (
     TINY_FLAGS,
     assert_exactly_once,
     images_under,
+    kill,
     producer,
     run_worker,
     running_job,
@@ -37,6 +38,7 @@ def rows_file(tmp_path, n: int, name: str = "p.csv"):
     return write_csv(tmp_path / name, "prompt\n" + "".join(f"race prompt {i}\n" for i in range(n)))
 
 
+@pytest.mark.slow
 def test_racing_producers_queue_every_item_once_and_report_honestly(env, conn, tmp_path):
     path = rows_file(tmp_path, 2000)
     cmd = [sys.executable, "-m", "producer", "enqueue", str(path), *TINY_FLAGS, "--output", str(tmp_path / "out")]
@@ -67,6 +69,7 @@ def test_a_producer_that_loses_the_race_between_lookup_and_queue_adds_nothing(en
     assert get_queue("diffq", conn).count == 5
 
 
+@pytest.mark.slow
 def test_two_copies_of_a_job_popped_at_once_record_once(env, conn, tmp_path):
     path = rows_file(tmp_path, 8)
     out = tmp_path / "out"
@@ -122,9 +125,10 @@ def test_stalled_worker_past_the_ttl_comes_back_and_records_nothing(env, conn, t
         for proc in (a, b):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
-                proc.kill()
+                kill(proc)
 
 
+@pytest.mark.slow
 def test_counter_equals_files_after_a_rerun_of_a_done_file(env, conn, tmp_path):
     path = rows_file(tmp_path, 6)
     out = tmp_path / "out"

@@ -21,6 +21,7 @@ from conftest import (
     assert_exactly_once,
     free_port,
     images_under,
+    kill,
     producer,
     running_job,
     start_worker,
@@ -31,6 +32,8 @@ from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.queues import get_queue
+
+pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
 
 
 def enqueue(tmp_path: Path, rows: int, chunk: int, flags: tuple[str, ...]) -> Path:
@@ -70,8 +73,7 @@ def test_sigkill_mid_job_goes_to_the_other_worker_within_90s(env, conn, tmp_path
         assert stop(b) == 0
     finally:
         for proc in (a, b):
-            if proc.poll() is None:
-                proc.kill()
+            kill(proc)
 
 
 def test_sigterm_finishes_the_current_job_takes_no_new_one_and_exits_0(env, conn, tmp_path):
@@ -84,8 +86,7 @@ def test_sigterm_finishes_the_current_job_takes_no_new_one_and_exits_0(env, conn
         assert get_queue("diffq", conn).count == 2  # the other two jobs were not taken
         assert len(images_under(output)) == 2
     finally:
-        if worker.poll() is None:
-            worker.kill()
+        kill(worker)
 
 
 def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn, tmp_path):
@@ -99,8 +100,7 @@ def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn
         assert stop(worker, signal.SIGTERM, timeout=20) == 1
         assert time.monotonic() - sent < 10
     finally:
-        if worker.poll() is None:
-            worker.kill()
+        kill(worker)
     queue = get_queue("diffq", conn)
     job = Job.fetch(current.id, connection=conn, serializer=JSONSerializer)
     assert queue.job_ids[0] == current.id
@@ -162,8 +162,7 @@ def test_redis_restart_loses_nothing_and_workers_and_wait_reconnect(env, aof_red
         assert "Redis unreachable" in logs or "could not connect to Redis" in logs
     finally:
         for proc in (*workers, waiter):
-            if proc.poll() is None:
-                proc.kill()
+            kill(proc)
 
 
 #: one C call of several seconds before each decode (a 5000² float64 product), like a large
@@ -186,8 +185,7 @@ def test_sigterm_is_heard_while_the_main_thread_is_in_a_long_c_call(env, conn, t
         assert worker.wait(240) == 0
         assert len(images_under(output)) == 1 and get_queue("diffq", conn).count == 1
     finally:
-        if worker.poll() is None:
-            worker.kill()
+        kill(worker)
 
 
 def test_second_signal_during_a_long_c_call_requeues_and_exits_at_once(env, conn, tmp_path):
@@ -204,8 +202,7 @@ def test_second_signal_during_a_long_c_call_requeues_and_exits_at_once(env, conn
         assert worker.wait(120) == 1
         assert C_CALL_RETURNED not in log.read_text()  # it left inside the C call
     finally:
-        if worker.poll() is None:
-            worker.kill()
+        kill(worker)
     queue = get_queue("diffq", conn)
     job = Job.fetch(current, connection=conn, serializer=JSONSerializer)
     assert queue.job_ids[0] == current and job.retries_left == 2

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from conftest import ROOT, TINY_FLAGS, images_under, producer, run_worker, wait_for
+from conftest import ROOT, TINY_FLAGS, images_under, kill, producer, run_worker, wait_for
 from PIL import Image
 from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
+from common.settings import Settings
 from worker.group.config import GroupLayout, dp_slice
 
 #: about 4 s a job on 2 CPU cores, so a kill or a signal lands mid-denoising
@@ -75,22 +76,22 @@ def assert_exactly_once(output: Path, expected: int) -> None:
 def test_layout_arithmetic_names_every_degree(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("DIFFQ_ULYSSES_DEGREE", "DIFFQ_CFG_PARALLEL", "DIFFQ_DATA_PARALLEL_DEGREE"):
         monkeypatch.delenv(name, raising=False)
-    layout = GroupLayout.load(ulysses_degree=2, ring_degree=2, cfg_parallel=True)
+    layout = GroupLayout.load(Settings.load(), ulysses_degree=2, ring_degree=2, cfg_parallel=True)
     assert layout.size == 8
     with pytest.raises(ConfigError) as err:
         layout.check_world(4)
     assert "ulysses 2 × ring 2 × pipefusion 1 × data-parallel 1 × cfg-parallel 2 = 8, not 4" in str(err.value)
-    GroupLayout.load(data_parallel_degree=4).check_world(4)
+    GroupLayout.load(Settings.load(), data_parallel_degree=4).check_world(4)
 
 
 def test_layout_from_environment_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DIFFQ_ULYSSES_DEGREE", "4")
     monkeypatch.setenv("DIFFQ_CFG_PARALLEL", "1")
-    assert GroupLayout.load().size == 8
-    assert GroupLayout.load(ulysses_degree=2).size == 4
+    assert GroupLayout.load(Settings.load()).size == 8
+    assert GroupLayout.load(Settings.load(), ulysses_degree=2).size == 4
     monkeypatch.setenv("DIFFQ_RING_DEGREE", "two")
-    with pytest.raises(ConfigError, match="DIFFQ_RING_DEGREE='two' is not a whole number"):
-        GroupLayout.load()
+    with pytest.raises(ConfigError, match="DIFFQ_RING_DEGREE='two': ring_degree must be a whole number"):
+        Settings.load()  # read and checked with every other setting, at start-up
 
 
 def test_dp_slices_cover_the_batch_once() -> None:
@@ -103,6 +104,7 @@ def test_dp_slices_cover_the_batch_once() -> None:
 # -- real groups ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bad_degrees_every_rank_exits_with_the_arithmetic(env: dict[str, str], conn: redis.Redis) -> None:
     result = run_group(env, "--ulysses-degree", "4", timeout=60)
     assert result.returncode != 0
@@ -116,6 +118,7 @@ def test_bad_degrees_every_rank_exits_with_the_arithmetic(env: dict[str, str], c
     assert conn.dbsize() == 0
 
 
+@pytest.mark.slow
 def test_two_rank_group_drains_the_queue(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:
     prompts = [f"group prompt {i}" for i in range(7)]
     output = enqueue(tmp_path, prompts, TINY_FLAGS, "--chunk-size", "3")
@@ -132,6 +135,7 @@ def test_two_rank_group_drains_the_queue(env: dict[str, str], conn: redis.Redis,
     assert "0 new" in again.output
 
 
+@pytest.mark.slow
 def test_cfg_parallel_image_equals_the_single_worker_image(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -155,6 +159,7 @@ def test_cfg_parallel_image_equals_the_single_worker_image(
     assert worst <= 2, f"max pixel difference {worst}/255"
 
 
+@pytest.mark.slow
 def test_error_on_rank_1_fails_that_job_and_the_group_goes_on(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -193,6 +198,7 @@ def _running(conn: redis.Redis, min_step: int = 3) -> Job | None:
     return None
 
 
+@pytest.mark.slow
 def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -209,8 +215,7 @@ def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
         noticed = time.monotonic() - killed
         assert group.wait(timeout=240) == 0, log.read_text()[-4000:]
     finally:
-        if group.poll() is None:
-            group.kill()
+        kill(group)
     text = log.read_text()
     assert noticed < TIMEOUT_S + 5, f"rank 0 noticed after {noticed:.1f}s"
     # rank 0's main thread notices through its collective; if it is busy longer than the keeper's
@@ -224,6 +229,7 @@ def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
     print(f"rank 0 noticed the dead rank {noticed:.1f}s after SIGKILL")
 
 
+@pytest.mark.slow
 def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -247,8 +253,7 @@ def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
         assert group.wait(timeout=200) == 0, log.read_text()[-4000:]
         recovered = time.monotonic() - killed
     finally:
-        if group.poll() is None:
-            group.kill()
+        kill(group)
     text = log.read_text()
     assert "died and the main thread is stuck; job" in text and "re-queued, exiting" in text, text[-3000:]
     assert_exactly_once(output, 2)
@@ -257,6 +262,7 @@ def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
     print(f"job finished {recovered:.1f}s after rank 1 was killed while rank 0 was stuck")
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:
     enqueue(tmp_path, [f"sigterm test {i}" for i in range(4)], SLOW, "--chunk-size", "2")
     log = tmp_path / "group.log"
@@ -266,8 +272,7 @@ def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn
         group.send_signal(signal.SIGTERM)
         group.wait(timeout=60)
     finally:
-        if group.poll() is None:
-            group.kill()
+        kill(group)
     text = log.read_text()
     assert Job.fetch(job.id, connection=conn, serializer=JSONSerializer).get_status() == "finished", text[-3000:]
     assert "rank 1: stop from rank 0 (exit 0)" in text

@@ -66,7 +66,7 @@ def test_item_key_depends_on_everything_that_changes_pixels():
 
 
 def test_derived_seed_is_stable_and_differs_per_prompt():
-    assert derived_seed("a cat") == derived_seed("a cat")
+    assert derived_seed("a cat") == 1171083260  # the same on every run and machine (a hash, not random)
     assert derived_seed("a cat") != derived_seed("a dog")
     assert 0 <= derived_seed("a cat") < 2**32
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import EXAMPLES, ROOT, SLOW, TINY_FLAGS, producer, running_job, wait_for, worker_cmd, write_csv
+from conftest import EXAMPLES, ROOT, SLOW, TINY_FLAGS, kill, producer, running_job, wait_for, worker_cmd, write_csv
 from rq import Worker
 from rq.job import Job
 from rq.registry import StartedJobRegistry
@@ -16,7 +16,7 @@ from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
 from common.queues import get_queue
-from worker.launch import parse_gpus
+from worker.supervision.launch import parse_gpus
 
 
 def test_parse_gpus():
@@ -28,6 +28,7 @@ def test_parse_gpus():
         parse_gpus("gpu0")
 
 
+@pytest.mark.slow
 def test_launch_two_workers_drain_the_queue(env, conn, tmp_path):
     enqueued = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", tmp_path, "--chunk-size", "1")
     assert enqueued.exit_code == 0
@@ -62,6 +63,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env, conn, tmp_path):
     rows = write_csv(tmp_path / "p.csv", "prompt\nfirst slow one\nsecond slow one\n")
     assert producer("enqueue", rows, *SLOW, "--chunk-size", "1", "--output", tmp_path / "out").exit_code == 0
@@ -74,12 +76,13 @@ def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env,
         launcher.kill()  # SIGKILL: no handler runs, nothing is sent to the children
         wait_for(lambda: not any(_alive(pid) for pid in children), 240, "the orphaned children to exit")
     finally:
-        launcher.kill()
+        kill(launcher)
     queue = get_queue("diffq", conn)
     assert queue.count == 2 and StartedJobRegistry(queue=queue).count == 0  # given back, not lost
     assert all("cold shutdown" in job.meta["error"] for job in queue.get_jobs())
 
 
+@pytest.mark.slow
 def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
     cmd = " ".join(worker_cmd("launch", "--gpus", "cpu,cpu")) + f" | tee {tmp_path / 'launch.log'}"
     shell = subprocess.Popen(["bash", "-c", cmd], env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)

@@ -1,4 +1,4 @@
-"""GPU leases (worker/lease.py), the part of `compose up --scale worker=N` that runs outside
+"""GPU leases (worker/supervision/lease.py), the part of `compose up --scale worker=N` that runs outside
 Docker: real worker processes against a real Redis never hold the same GPU, extra replicas
 wait, and a SIGKILLed holder's GPU is taken over once its lease expires."""
 
@@ -12,7 +12,9 @@ from conftest import start_worker, wait_for
 from rq import Worker
 
 from common.errors import ConfigError
-from worker.lease import LEASE_TTL_S, GpuLease, candidates, lease_key
+from worker.supervision.lease import LEASE_TTL_S, GpuLease, candidates, lease_key
+
+pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
 
 
 def holders(conn) -> dict[str, str]:

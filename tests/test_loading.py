@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import huggingface_hub._snapshot_download as snapshot
 
-from worker.loading import download_progress
-from worker.pipelines import PipelineCache
+from worker.pipelines.cache import PipelineCache
+from worker.pipelines.loading import download_progress
 
 
 def test_download_bytes_are_reported_every_ten_percent():

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import TINY_FLAGS, images_under, producer, run_worker, write_csv
 from rq.registry import FinishedJobRegistry
 
 from common.queues import get_queue, images_key
+
+pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
 
 
 def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_path):

@@ -18,7 +18,7 @@ from rq.scheduler import RQScheduler
 
 from common.queues import LeanJob
 from worker.group.leader import GroupWorker
-from worker.rqworker import DiffqWorker
+from worker.serving.rqworker import DiffqWorker
 
 
 def shape(func) -> list[tuple[str, object, object]]:

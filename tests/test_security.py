@@ -49,6 +49,7 @@ def pickle_job(conn: redis.Redis, marker: Path, job_id: str = "evil") -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_a_pickle_payload_is_rejected_and_creates_nothing(env, conn, tmp_path):
     marker = tmp_path / "pwned"
     data = pickle_job(conn, marker)
@@ -78,6 +79,7 @@ def test_a_pickle_payload_is_rejected_and_creates_nothing(env, conn, tmp_path):
 NAME = re.compile(r"images/[0-9a-f]{2}/[0-9a-f]{24}-\d+\.png")
 
 
+@pytest.mark.slow
 def test_output_names_never_come_from_user_text(env, conn, tmp_path):
     rows = (
         "id,prompt,negative_prompt\n"
@@ -98,6 +100,7 @@ def test_output_names_never_come_from_user_text(env, conn, tmp_path):
     assert all(p.is_relative_to(out) for p in created)
 
 
+@pytest.mark.slow
 def test_a_job_naming_a_path_outside_the_output_root_is_refused(env, conn, tmp_path):
     root = tmp_path / "allowed"
     elsewhere = tmp_path / "elsewhere"
@@ -133,6 +136,7 @@ def acl_redis(tmp_path: Path):
     server.stop()
 
 
+@pytest.mark.slow
 def test_credentials_work_from_the_url_and_are_never_printed(env, acl_redis, tmp_path, monkeypatch):
     url = f"redis://alice:al1ce-s3cret@127.0.0.1:{acl_redis.port}/0"
     monkeypatch.setenv("REDIS_URL", url)
@@ -188,6 +192,7 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_rediss_url_is_accepted_end_to_end(env, tls_redis, tmp_path, monkeypatch):
     monkeypatch.setenv("REDIS_URL", tls_redis)
     path = write_csv(tmp_path / "p.csv", "prompt\nover tls\n")

@@ -110,7 +110,7 @@ def watch_lifeline(fd: int) -> None:
 
 def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
     """Lease a GPU and pin this process to it, before anything imports torch."""
-    from worker.lease import GpuLease, candidates, lease_scope
+    from worker.supervision.lease import GpuLease, candidates, lease_scope
 
     logging.basicConfig(level=settings.log_level, format=_log_format("lease"))
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
@@ -122,9 +122,9 @@ def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
 
 def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     # torch and diffusers are imported here, after the launcher has set CUDA_VISIBLE_DEVICES
-    from worker import runtime
-    from worker.pipelines import PipelineCache
-    from worker.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
+    from worker.pipelines.cache import PipelineCache
+    from worker.serving import runtime
+    from worker.serving.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
 
     pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
     if settings.gpu_label == "-":
@@ -173,7 +173,7 @@ def launch(gpus: str, **opts: Any) -> None:
 
     Ctrl-C / SIGTERM: every worker finishes its current job and exits; a second one stops now.
     """
-    from worker.launch import Launcher, parse_gpus
+    from worker.supervision.launch import Launcher, parse_gpus
 
     try:
         slots = parse_gpus(gpus)
@@ -193,7 +193,7 @@ def launch(gpus: str, **opts: Any) -> None:
 @click.option("--cache-dir", help="Cache folder [env DIFFQ_CACHE; ~/.cache/diffq].")
 def prepare_tiny(cache_dir: str | None) -> None:
     """Write the tiny model and the tiny-dora adapter to the cache (done on first use anyway)."""
-    from worker.models import ensure_tiny, ensure_tiny_dora
+    from worker.pipelines.models import ensure_tiny, ensure_tiny_dora
 
     settings = Settings.load(cache_dir=cache_dir)
     click.echo(f"tiny model:   {ensure_tiny(settings.cache_dir)}")

@@ -27,8 +27,6 @@ from worker.group.config import DEFAULT_TIMEOUT_S, GroupLayout
 
 #: how long ranks wait for each other to finish loading the model (a cold hub download is slow)
 LOAD_TIMEOUT_S = 1800
-FAULT_RANK_ENV = "DIFFQ_FAULT_GROUP_RANK"
-FAULT_HANG_ENV = "DIFFQ_FAULT_GROUP_HANG"
 
 log = logging.getLogger("diffq.group")
 
@@ -98,6 +96,7 @@ def main(**opts: Any) -> None:
             device=opts["device"],
         )
         layout = GroupLayout.load(
+            settings,
             ulysses_degree=opts["ulysses_degree"],
             ring_degree=opts["ring_degree"],
             pipefusion_degree=opts["pipefusion_degree"],
@@ -108,7 +107,7 @@ def main(**opts: Any) -> None:
         layout.check_world(world)
     except DiffqError as exc:
         _fail(exc, rank)
-    model = opts["model"] or os.environ.get("DIFFQ_MODEL") or settings.model
+    model = opts["model"] or settings.model
     sys.exit(_serve(settings, layout, model, opts, rank, world))
 
 
@@ -139,10 +138,10 @@ def _serve(settings: Settings, layout: GroupLayout, model: str, opts: dict[str, 
         publish_pid()
         control = Control(layout.timeout_s)
         engine = RankEngine(settings, layout, rank, world)
-        fault = os.environ.get(FAULT_RANK_ENV, "")
+        fault = settings.fault_group_rank
         if fault.partition(":")[0] == str(rank):
             engine.fail_marker = fault.partition(":")[2] or "fail"
-        hang = os.environ.get(FAULT_HANG_ENV, "")
+        hang = settings.fault_group_hang
         if hang.partition(":")[0] == str(rank):
             engine.hang_once = hang.partition(":")[2]
         if rank == 0:
@@ -179,8 +178,8 @@ def _lead(
     stop_early: bool,
 ) -> int:
     from common.queues import get_queue
-    from worker import runtime
     from worker.group.leader import GroupPipelines, GroupWorker
+    from worker.serving import runtime
 
     group = GroupPipelines(engine, control)
     host = socket.gethostname().split(".")[0]
@@ -189,7 +188,7 @@ def _lead(
     from worker.group.comm import local_peers
 
     queues = [get_queue(settings.queue, conn)]
-    rt = runtime.install(runtime.Runtime(settings, group, worker_name=name))  # type: ignore[arg-type]
+    rt = runtime.install(runtime.Runtime(settings, group, worker_name=name))
     worker = GroupWorker(
         queues,
         connection=conn,

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 #: seconds between rank 0's pings while the queue is empty
 PING_INTERVAL_S = 5.0
+#: exit status of every rank when one died or went silent (the supervisor starts the group again)
+EXIT_GROUP_LOST = 4
 
 
 class GroupLost(Exception):

@@ -7,28 +7,16 @@ any rank touches a GPU or Redis, so every rank exits at once with the same arith
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from common.errors import ConfigError
-
-#: environment variables for each setting (flags win); xDiT's own flag spellings are accepted too
-ENV_NAMES: dict[str, str] = {
-    "ulysses_degree": "DIFFQ_ULYSSES_DEGREE",
-    "ring_degree": "DIFFQ_RING_DEGREE",
-    "pipefusion_degree": "DIFFQ_PIPEFUSION_DEGREE",
-    "cfg_parallel": "DIFFQ_CFG_PARALLEL",
-    "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
-    "timeout_s": "DIFFQ_GROUP_TIMEOUT",
-}
+from common.settings import Settings
 
 #: seconds a rank waits in one of the group's own collectives before it calls the group lost. It must
 #: exceed the longest wait of one rank for another inside a batch (a data-parallel rank with a
 #: short slice waits for the longest one); a rank that dies is noticed sooner, by torchrun and by
 #: its closed connections (3.8 s in tests/test_group.py). The timeout catches ranks that hang.
 DEFAULT_TIMEOUT_S = 300
-TRUE = {"1", "true", "yes", "on"}
-FALSE = {"", "0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -41,26 +29,17 @@ class GroupLayout:
     timeout_s: int = DEFAULT_TIMEOUT_S
 
     @classmethod
-    def load(cls, **flags: int | bool | None) -> GroupLayout:
-        """Flags first, then ``DIFFQ_*`` environment variables, then defaults."""
-        values: dict[str, int | bool] = {}
-        for name, env in ENV_NAMES.items():
-            flag = flags.get(name)
-            if flag is not None and flag is not False:
-                values[name] = flag
-                continue
-            raw = os.environ.get(env)
-            if raw is None:
-                continue
-            if name == "cfg_parallel":
-                if raw.strip().lower() not in TRUE | FALSE:
-                    raise ConfigError(f"{env}={raw!r}: use 1 or 0")
-                values[name] = raw.strip().lower() in TRUE
-            else:
-                try:
-                    values[name] = int(raw)
-                except ValueError:
-                    raise ConfigError(f"{env}={raw!r} is not a whole number") from None
+    def load(cls, settings: Settings, **flags: int | bool | None) -> GroupLayout:
+        """Flags first, then the settings (``DIFFQ_ULYSSES_DEGREE``, ... read by common/settings.py)."""
+        values: dict[str, int | bool] = {
+            "ulysses_degree": settings.ulysses_degree,
+            "ring_degree": settings.ring_degree,
+            "pipefusion_degree": settings.pipefusion_degree,
+            "cfg_parallel": settings.cfg_parallel,
+            "data_parallel_degree": settings.data_parallel_degree,
+            "timeout_s": settings.group_timeout,
+        }
+        values |= {name: flag for name, flag in flags.items() if flag is not None and flag is not False}
         layout = cls(**values)  # type: ignore[arg-type]
         for name in ("ulysses_degree", "ring_degree", "pipefusion_degree", "data_parallel_degree", "timeout_s"):
             if getattr(layout, name) < 1:

@@ -28,12 +28,12 @@ import torch.distributed as dist
 from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.settings import Settings
-from worker.failures import classify
 from worker.faults import InjectedFault
-from worker.generate import BatchResult, is_flux, is_oom, run_split
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
-from worker.pipelines import LoadedPipeline, PipelineCache
+from worker.pipelines.cache import LoadedPipeline, PipelineCache
+from worker.pipelines.generate import BatchResult, is_flux, is_oom, run_split
+from worker.serving.failures import classify
 
 log = logging.getLogger("diffq.group")
 

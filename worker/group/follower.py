@@ -11,9 +11,8 @@ import logging
 import signal
 from types import FrameType
 
-from worker.group.comm import Answer, Control, GroupLost
+from worker.group.comm import EXIT_GROUP_LOST, Answer, Control, GroupLost
 from worker.group.engine import RankEngine
-from worker.group.leader import EXIT_GROUP_LOST
 
 log = logging.getLogger("diffq.group")
 

@@ -22,16 +22,14 @@ from rq.queue import Queue
 
 from common.errors import DiffqError, ModelLoadError, PermanentJobError
 from common.jobspec import GenParams
-from worker.generate import BatchResult
-from worker.group.comm import PING_INTERVAL_S, Answer, Command, Control, GroupLost, alive
+from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost, alive
 from worker.group.engine import RankEngine
-from worker.pipelines import LoadedPipeline
-from worker.rqworker import DiffqWorker
+from worker.pipelines.cache import LoadedPipeline
+from worker.pipelines.generate import BatchResult
+from worker.serving.rqworker import DiffqWorker
 
 log = logging.getLogger("diffq.group")
 
-#: exit status when a rank died or went silent (the supervisor starts the group again)
-EXIT_GROUP_LOST = 4
 #: seconds a peer must have been dead before the keeper gives up on a stuck main thread
 PEER_GRACE_S = 10.0
 
@@ -45,7 +43,7 @@ class RankFailedPermanently(PermanentJobError):
 
 
 class GroupPipelines:
-    """Rank 0's stand-in for :class:`~worker.pipelines.PipelineCache`: ``generate`` is one round
+    """Rank 0's :class:`~worker.pipelines.backend.GenerationBackend`: ``generate`` is one round
     of the protocol (broadcast the work, every rank runs its part, answers gathered at rank 0)."""
 
     def __init__(self, engine: RankEngine, control: Control) -> None:
@@ -156,7 +154,7 @@ class GroupWorker(DiffqWorker):
             self._dead_since = time.monotonic()
         if time.monotonic() - self._dead_since < PEER_GRACE_S:
             return  # the main thread usually notices first, through its own collective
-        job, queue = self._running, self._running_queue
+        job, queue = self.running
         if job is not None and queue is not None:
             self.group.lost = True
             self.give_back(

@@ -8,16 +8,16 @@ then nothing refreshes the worker's and the job's heartbeats while a long job ru
 
 - A keeper thread renews the heartbeats of the worker and the running execution every sixth
   of ``DIFFQ_HEARTBEAT_TTL``, re-queues jobs of dead workers every third of it (see
-  :mod:`worker.recovery`) and moves retries that are due back to the queue. It renews only an
+  :mod:`worker.serving.recovery`) and moves retries that are due back to the queue. It renews only an
   execution that is still in the started registry: a worker that was stalled past the TTL
   finds its job given away and says so, and the job function records nothing for it.
-- Signals (:mod:`worker.signals`): the first Ctrl-C / SIGTERM finishes the current job and
+- Signals (:mod:`worker.serving.signals`): the first Ctrl-C / SIGTERM finishes the current job and
   takes no new one (exit 0); a second one, more than a second later, puts the job back at the
   front of its queue without using a retry and exits 1 at once, even mid-decode.
 - Environment failures (:class:`~common.errors.WorkerUnavailable`): a full or read-only disk
   gives the job back at the front and pauses the worker, which probes with backoff and goes on
   when the disk can take the next job; a model or adapter the worker failed to load twice
-  (:mod:`worker.breaker`) gives its jobs back for other workers. Either shows in
+  (:mod:`worker.serving.breaker`) gives its jobs back for other workers. Either shows in
   ``producer status`` and as the worker's ``suspended`` state in rq-dashboard.
 - ``--burst`` does not quit while jobs of its queues wait in the scheduled registry for a retry
   backoff or run on other workers (which may die and have their job re-queued).
@@ -53,13 +53,13 @@ from rq.worker import WorkerStatus
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
 from common.queues import paused_key
-from worker.failures import classify, record_failure
-from worker.images import probe_output
-from worker.lease import GpuLease
-from worker.recovery import give_back, requeue_abandoned
-from worker.runtime import Runtime
-from worker.signals import SignalWatcher
-from worker.task import JobLost
+from worker.output.images import probe_output
+from worker.serving.failures import classify, record_failure
+from worker.serving.recovery import give_back, requeue_abandoned
+from worker.serving.runtime import Runtime
+from worker.serving.signals import SignalWatcher
+from worker.serving.task import JobLost
+from worker.supervision.lease import GpuLease
 
 log = logging.getLogger("diffq.worker")
 
@@ -282,6 +282,11 @@ class DiffqWorker(SimpleWorker):
             os._exit(EXIT_COLD)
 
     # -- jobs and their failures ------------------------------------------------------------
+
+    @property
+    def running(self) -> tuple[Job | None, Queue | None]:
+        """The job this worker runs now, and its queue (both None between jobs)."""
+        return self._running, self._running_queue
 
     def give_back(self, job: Job, queue: Queue, reason: str, *, at_front: bool = True) -> None:
         """End this worker's execution of ``job`` and put the job back, retries untouched."""

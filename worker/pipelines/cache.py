@@ -24,11 +24,11 @@ from transformers.utils import logging as transformers_logging
 from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
-from worker import models
-from worker.generate import BatchResult, run_split
-from worker.loading import download_progress
-from worker.speedups import Speedups
-from worker.speedups import apply as apply_speedups
+from worker.pipelines import models
+from worker.pipelines.generate import BatchResult, run_split
+from worker.pipelines.loading import download_progress
+from worker.pipelines.speedups import Speedups
+from worker.pipelines.speedups import apply as apply_speedups
 
 log = logging.getLogger("diffq.worker")
 

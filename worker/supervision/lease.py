@@ -53,7 +53,7 @@ def lease_key(scope: str, index: str) -> str:
 
 def candidates(spec: str, count_gpus: int | None = None) -> list[str]:
     """``all`` → every GPU nvidia-smi lists; ``0,1,3`` → those."""
-    from worker.launch import _count_gpus  # nvidia-smi, no torch
+    from worker.supervision.launch import _count_gpus  # nvidia-smi, no torch
 
     spec = spec.strip()
     if spec == "all":

@@ -1,28 +1,34 @@
 """What a running job can reach of the worker that runs it: settings, warm pipelines, and the
 batch sizes that fitted in memory (heartbeats come from the worker's keeper thread).
 
-RQ calls our task as a plain function, so the worker installs this before its first job.
-A task run by some other RQ worker (``rq worker`` with our queue) still works: it gets a
-runtime built from the environment, and no diffq heartbeats or dead-worker recovery.
+RQ calls our task as a plain function, so the diffq worker installs this before its first
+job (one per process: the worker's pipeline cache is the one piece of global state). A task
+run by some other RQ worker (``rq worker`` with our queue) gets a runtime built from the
+settings, and says so in its log: it has no diffq heartbeats, no dead-worker recovery and no
+fenced recording.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from common.settings import Settings
-from worker.breaker import Breaker
-from worker.pipelines import PipelineCache
+from worker.pipelines.backend import GenerationBackend
+from worker.pipelines.cache import PipelineCache
+from worker.serving.breaker import Breaker
+
+log = logging.getLogger("diffq.worker")
 
 
 @dataclass
 class Runtime:
     settings: Settings
-    pipelines: PipelineCache
+    pipelines: GenerationBackend
     worker_name: str = ""
     #: largest batch that fitted in memory, by (model, width, height), learnt from OOM splits
     batch_limits: dict[tuple[str, int, int], int] = field(default_factory=dict)
-    #: models and adapters this worker failed to load (see :mod:`worker.breaker`)
+    #: models and adapters this worker failed to load (see :mod:`worker.serving.breaker`)
     breaker: Breaker = field(default_factory=Breaker)
     #: the running job's entry in RQ's started registry (``<job id>:<execution id>``), set by the
     #: diffq worker before each job: recording is fenced on it (see :mod:`common.ledger`)
@@ -41,8 +47,11 @@ def install(runtime: Runtime) -> Runtime:
 def current() -> Runtime:
     if _current is None:
         settings = Settings.load()
-        install(
-            Runtime(settings, PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups))
+        log.warning(
+            "diffq job run by a plain RQ worker: no heartbeats, no recovery of dead workers' jobs, no fenced "
+            "recording; run `worker run` for those"
         )
+        cache = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
+        install(Runtime(settings, cache))
     assert _current is not None
     return _current

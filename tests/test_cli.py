@@ -1,0 +1,111 @@
+"""What a user meets at the command line: progress that tells the truth, help that is whole,
+flags checked once, and messages that say what to do."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import pytest
+import redis
+from click.testing import CliRunner
+from conftest import SLOW, TINY_FLAGS, kill, producer, run_worker, running_job, start_worker, wait_for, write_csv
+
+from common.queues import get_queue, recent_key
+from producer.cli import main as producer_main
+from producer.progress import format_duration
+from producer.status import QueueStatus, RunningJob, rates
+from worker.cli import main as worker_main
+
+
+def test_durations_read_as_durations_not_clock_times():
+    assert [format_duration(s) for s in (0, 45, 1276, 10_920, 190_000)] == ["0s", "45s", "21m16s", "3h02m", "2d04h"]
+
+
+def test_one_finished_job_gives_a_rate_and_parallel_workers_add_up():
+    now = 1000.0
+    assert rates([(b"dqa:8:10.0", now - 2.0)], now) == (1 / 12.0, 8 / 12.0)  # ran 10 s, ended 2 s ago
+    two = [(b"dqa:8:10.0", now), (b"dqb:8:10.0", now)]  # two workers, side by side
+    assert rates(two, now) == (2 / 10.0, 16 / 10.0)
+
+
+def test_eta_counts_images_left_including_what_running_jobs_have_done():
+    st = QueueStatus(queue="q", queued=2, running=1, images_enqueued=40, images_written=16, images_per_s=2.0)
+    st.running_jobs = [RunningJob("dqx", "w", step=15, steps=30, images=8)]  # half of 8 images
+    assert st.images_left == 40 - 16 - 4 and st.eta_s == 10.0
+
+
+@pytest.mark.slow
+def test_status_and_wait_show_the_whole_campaign_with_the_running_jobs_steps(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"campaign {i}\n" for i in range(4)))
+    assert producer("enqueue", rows, *SLOW, "--chunk-size", "1", "--output", tmp_path / "out").exit_code == 0
+    assert run_worker(env, "--max-jobs", "1").returncode == 0  # one job done before anyone watches
+    worker = start_worker(env, tmp_path / "w.log", "--name", "W")
+    try:
+        wait_for(lambda: running_job(conn, "W"), 240, "the worker to be denoising")
+        data = json.loads(producer("status", "--json").output)
+        assert data["images"]["enqueued"] == 4 and data["images"]["written"] == 1
+        assert data["rate"]["images_per_s"] > 0  # right after the first job, not only after two
+        assert data["running"][0]["step"] >= 2 and data["eta_s"] > 0
+        text = producer("status").output
+        assert "images    1 of 4 written" in text and "step " in text
+        assert re.search(r"ETA \d+(s|m\d\ds|h\d\dm)\n", text), text
+        waited = producer("wait", "--timeout", "600")
+        assert waited.exit_code == 0, waited.output
+        assert "4/4 img (100.0%)" in waited.output and "img/s" in waited.output and "jobs/s" in waited.output
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(120)
+    assert conn.zcard(recent_key("diffq")) == 4
+
+
+@pytest.mark.slow
+def test_dead_workers_leave_status_within_the_heartbeat_ttl(env, conn, tmp_path):
+    env = {**env, "DIFFQ_HEARTBEAT_TTL": "6"}
+    worker = start_worker(env, tmp_path / "w.log", "--name", "gone-soon")
+    try:
+        listed = lambda: "gone-soon" in json.loads(producer("status", "--json").output)["workers"]  # noqa: E731
+        wait_for(listed, 240, "the worker to show")
+        kill(worker)
+        worker.wait(30)
+        wait_for(lambda: not listed(), 60, "the dead worker to leave the list")  # RQ keeps its key for 60 s
+    finally:
+        kill(worker)
+
+
+def test_help_is_whole_and_names_every_choice():
+    top = CliRunner().invoke(producer_main, ["--help"]).output
+    assert "..." not in top.split("Commands:")[1]  # no description cut short
+    enqueue = CliRunner().invoke(producer_main, ["enqueue", "--help"]).output
+    assert "flux-random" in enqueue and "for rows without a width cell" in enqueue
+    assert "compile-resnets" in CliRunner().invoke(worker_main, ["run", "--help"]).output
+
+
+def test_a_bad_flag_is_one_error_about_the_flag(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"row {i}\n" for i in range(50)))
+    result = producer("enqueue", rows, *TINY_FLAGS, "--width", "1001")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: --width: width 1001 is not a multiple of 8"
+
+
+def test_the_same_file_on_two_queues_makes_two_sets_of_jobs(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt\nshared row\n")
+    for queue in ("a", "b"):
+        assert producer("enqueue", rows, *TINY_FLAGS, "--queue", queue, "--output", tmp_path).exit_code == 0
+    a, b = get_queue("a", conn).job_ids, get_queue("b", conn).job_ids
+    assert len(a) == len(b) == 1 and a != b
+
+
+def test_a_redis_that_needs_a_password_says_so(tmp_path, redis_server):
+    from conftest import RedisServer, free_port
+
+    server = RedisServer(free_port(), tmp_path, extra=("--requirepass", "pw"), password="pw")
+    server.start()
+    try:
+        result = producer("status", "--redis-url", server.url)
+        assert result.exit_code == 2
+        assert "needs a password: put it in the URL" in result.output
+        assert redis.Redis(port=server.port, password="pw").ping()
+    finally:
+        server.stop()

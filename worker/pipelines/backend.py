@@ -1,0 +1,39 @@
+"""What the job function needs from whatever makes its images: one process's warm pipelines
+(:class:`~worker.pipelines.cache.PipelineCache`) or an xDiT group spreading each batch over its
+ranks (:class:`~worker.group.leader.GroupPipelines`). Both implement this; the job function
+(:mod:`worker.serving.task`) knows only this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from common.jobspec import GenParams
+from worker.pipelines.generate import BatchResult
+
+
+class GenerationBackend(Protocol):
+    device: Any
+    dtype: Any
+    speedups: Any
+
+    def get(self, model: str, on_progress: Callable[[str | None], None] | None = None) -> tuple[Any, float]:
+        """The warm pipeline for ``model`` and the seconds spent loading it now (0 when warm)."""
+        ...
+
+    def use_adapter(self, loaded: Any, adapter: str | None, scale: float) -> None:
+        """Make ``adapter`` (or none) active at ``scale`` for the next batch."""
+        ...
+
+    def generate(
+        self,
+        loaded: Any,
+        params: GenParams,
+        prompts: list[str],
+        negatives: list[str],
+        seeds: list[int],
+        max_batch: int,
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> tuple[BatchResult, int]:
+        """One chunk's images, in batches of at most ``max_batch``; and the batch size that fitted."""
+        ...

@@ -1,0 +1,316 @@
+"""The RQ job function: turn one chunk spec into images on disk, recorded exactly once.
+
+``run_job`` reads as its steps: validate → plan (skip what is done, keep what an interrupted
+attempt wrote) → check space → get the warm pipeline and adapter → run the batch → write the
+files → record. It is idempotent: every output name comes from the content hash, and the
+record step is fenced (see :mod:`common.ledger`): a worker that lost its job while it was
+stalled writes no metadata line, counts nothing and returns no result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+from PIL import Image
+from rq import get_current_job
+from rq.job import Job
+
+from common.errors import AdapterNotFound, ModelLoadError
+from common.jobspec import JobSpec, PromptItem
+from common.ledger import DONE, Ledger
+from common.naming import image_path, image_relpath, item_key
+from common.queues import RECENT_WINDOW_S, get_queue, images_key, intents_key, items_key, recent_key
+from worker.faults import block_in_c, fail_early_attempts, install_oom_fault
+from worker.output.images import (
+    ENVIRONMENT_ERRNOS,
+    check_space,
+    locked_metadata,
+    png_bytes,
+    prepare_output,
+    remove_stale_temps,
+    unavailable,
+    write_atomic,
+)
+from worker.serving import runtime
+
+log = logging.getLogger("diffq.worker")
+
+META_SAVE_INTERVAL_S = 0.5
+#: worst case bytes of one PNG (random noise barely compresses) plus its metadata line
+PNG_OVERHEAD = 8192
+
+
+class JobLost(Exception):
+    """This worker's execution of the job is no longer the current one (its heartbeat expired
+    while it was stalled, and the job went back to the queue): it must record nothing."""
+
+
+class _Progress:
+    """Writes step and image progress into ``job.meta`` (what rq-dashboard and status show)."""
+
+    def __init__(self, job: Job | None, images: int) -> None:
+        self.job = job
+        self.last_save = 0.0
+        if job is not None:
+            job.meta.pop("error", None)  # a reason left by an earlier attempt no longer holds
+            job.meta.update(images=images, images_done=0, step=0, steps=None)
+
+    def update(self, force: bool = False, **fields: Any) -> None:
+        if self.job is None:
+            return
+        self.job.meta.update(fields)
+        now = time.monotonic()
+        if force or now - self.last_save >= META_SAVE_INTERVAL_S:
+            self.last_save = now
+            self.job.save_meta()
+
+
+@dataclass
+class Plan:
+    """What a job still has to do, after looking at the ledger and the disk."""
+
+    keys: list[str]
+    todo: list[tuple[str, PromptItem, int]] = field(default_factory=list)  # (key, item, image index)
+    existing: list[tuple[str, PromptItem, int]] = field(default_factory=list)  # written by an earlier attempt
+    skipped: int = 0  # images of items already done
+
+
+def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[str, Any]:
+    p = spec.params
+    return {
+        "file": image_relpath(key, index),
+        "key": key,
+        "index": index,
+        "id": item.id,
+        "prompt": item.prompt,
+        "negative_prompt": item.negative_prompt,
+        "seed": item.seed + index,
+        "model": p.model,
+        "adapter": p.adapter,
+        "adapter_scale": p.adapter_scale if p.adapter else None,
+        "width": p.width,
+        "height": p.height,
+        "steps": p.steps,
+        "guidance": p.guidance,
+    }
+
+
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    rt = runtime.current()
+    job = get_current_job()
+    conn: redis.Redis | None = job.connection if job is not None else None
+    queue_name = job.origin if job is not None else rt.settings.queue
+
+    # 1. Validate the payload (it came from Redis, so it is untrusted) and count the attempt
+    chunk = JobSpec.from_dict(spec)
+    output = prepare_output(chunk.output, rt.settings.output_root)
+    _count_attempt(job, rt.settings.fault_fail_attempts)
+
+    # 2. Plan: skip what is done, keep images an interrupted attempt finished
+    plan = _plan(conn, queue_name, chunk, output)
+    progress = _Progress(job, images=chunk.num_images)
+    timings = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
+    records: list[dict[str, Any]] = []
+    if plan.todo:
+        # 3. Room for the images, before any GPU time is spent on them
+        check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
+        # 4. Generate, then 5. write each image under its content-derived name
+        images = _generate(rt, chunk, plan, progress, timings)
+        records = _save(chunk, plan, images, output, timings)
+        progress.update(images_done=plan.skipped + len(plan.existing) + len(records))
+
+    # 6. Record: metadata lines, items done, counters; fenced on this execution
+    existing = [_item_record(chunk, item, key, i) | {"recovered": True} for key, item, i in plan.existing]
+    counted = _record(conn, queue_name, job, rt.execution, chunk, plan, output, records + existing, started)
+    timings["total_s"] = time.perf_counter() - started
+    progress.update(force=True, images_done=chunk.num_images)
+    left = conn.llen(get_queue(queue_name, conn).key) if conn is not None else 0
+    per_image = timings["total_s"] / len(records) if records else 0.0
+    log.info(
+        "job %s: %d image(s) in %.1fs (%.2f s/img)%s%s; %d job(s) queued",
+        job.id if job else "-",
+        len(records),
+        timings["total_s"],
+        per_image,
+        f", {plan.skipped} done before" if plan.skipped else "",
+        f", {len(plan.existing)} recovered" if plan.existing else "",
+        left,
+    )
+    return {
+        "files": [r["file"] for r in records],
+        "skipped": plan.skipped,
+        "recovered": len(plan.existing),
+        "counted": counted,  # images this execution added to the queue's counter
+        "output": str(Path(output)),
+        "timings": {k: round(v, 4) for k, v in timings.items()},
+        "worker": rt.worker_name,
+    }
+
+
+def _count_attempt(job: Job | None, fail_attempts: int) -> None:
+    attempt = 1
+    if job is not None:
+        attempt = job.meta["attempts"] = int(job.meta.get("attempts", 0)) + 1
+        job.save_meta()
+    fail_early_attempts(attempt, fail_attempts)
+
+
+def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Path) -> Plan:
+    keys = [item_key(chunk.params, item) for item in chunk.items]
+    states = conn.hmget(items_key(queue_name), keys) if conn is not None else [None] * len(keys)
+    plan = Plan(keys=keys)
+    for key, item, state in zip(keys, chunk.items, states, strict=True):
+        paths = [image_path(output, key, i) for i in range(item.num_images)]
+        if state == DONE.encode() and all(p.exists() for p in paths):
+            plan.skipped += item.num_images
+            continue
+        for index, path in enumerate(paths):
+            if path.exists():
+                plan.existing.append((key, item, index))
+            else:
+                remove_stale_temps(path)
+                plan.todo.append((key, item, index))
+    return plan
+
+
+def _generate(
+    rt: runtime.Runtime, chunk: JobSpec, plan: Plan, progress: _Progress, timings: dict[str, float]
+) -> list[Image.Image]:
+    """The warm pipeline (loaded once per worker), this chunk's adapter, one batch."""
+    params = chunk.params
+    model = f"model {params.model!r}"
+    rt.breaker.check(model)
+    try:
+        loaded, timings["load_s"] = rt.pipelines.get(params.model, on_progress=lambda text: progress.update(
+            force=True, loading=text))  # fmt: skip
+    except ModelLoadError as exc:
+        rt.breaker.failed(model, str(exc))
+        raise
+    rt.breaker.succeeded(model)
+    if params.adapter:
+        adapter = f"adapter {params.adapter!r}"
+        rt.breaker.check(adapter)
+        try:
+            rt.pipelines.use_adapter(loaded, params.adapter, params.adapter_scale)
+        except (AdapterNotFound, ModelLoadError) as exc:
+            rt.breaker.failed(adapter, str(exc))
+            raise
+        rt.breaker.succeeded(adapter)
+    else:
+        rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
+
+    if rt.settings.fault_oom_above >= 0:
+        install_oom_fault(loaded.pipe, rt.settings.fault_oom_above)
+    block_in_c(rt.settings.fault_block_decode)
+    shape = (params.model, params.width, params.height)
+    limit = rt.batch_limits.get(shape, len(plan.todo))
+    result, fitted = rt.pipelines.generate(
+        loaded,
+        params,
+        prompts=[item.prompt for _, item, _ in plan.todo],
+        negatives=[item.negative_prompt for _, item, _ in plan.todo],
+        seeds=[item.seed + index for _, item, index in plan.todo],
+        max_batch=limit,
+        on_step=lambda step, steps: progress.update(step=step, steps=steps),
+    )
+    if fitted < len(plan.todo):
+        rt.batch_limits[shape] = fitted
+        progress.update(force=True, split_batch=fitted)
+    timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
+    return result.images
+
+
+def _save(
+    chunk: JobSpec, plan: Plan, images: list[Image.Image], output: Path, timings: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Write each image (temp file + rename); PNG encoding releases the GIL, so a thread per
+    image overlaps them. A full or read-only disk is the worker's problem, not the job's."""
+    started = time.perf_counter()
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    records = [_item_record(chunk, item, key, index) | {"created": created} for key, item, index in plan.todo]
+
+    def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
+        record, image = pair
+        path = output / record["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, png_bytes(image, record))
+
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
+            list(pool.map(save, zip(records, images, strict=True)))
+    except OSError as exc:
+        if exc.errno in ENVIRONMENT_ERRNOS:
+            raise unavailable(output, exc) from None
+        raise
+    timings["save_s"] = time.perf_counter() - started
+    per_image = {k: round(v / len(records), 4) for k, v in timings.items()}
+    for record in records:
+        record["timings"] = per_image | {"batch": len(records)}
+    return records
+
+
+def _record(
+    conn: redis.Redis | None,
+    queue_name: str,
+    job: Job | None,
+    execution: str | None,
+    chunk: JobSpec,
+    plan: Plan,
+    output: Path,
+    records: list[dict[str, Any]],
+    started: float,
+) -> int:
+    """Append the metadata lines and mark the items done, as one step under the metadata lock,
+    only while this execution still owns the job. Returns the images newly counted.
+
+    Lines are skipped for items already recorded, and for items an earlier execution was about
+    to record (its intent offset) when the file already has them from that offset on."""
+    if conn is None or job is None or execution is None:  # a plain RQ worker or a direct call: no fence
+        with locked_metadata(output) as meta:
+            meta.append(records)
+        return len(records)
+    ledger = Ledger(conn)
+    keys = {"started_key": job.started_job_registry.key, "items_key": items_key(queue_name)}
+    keys["intents_key"] = intents_key(queue_name)
+    with locked_metadata(output) as meta:
+        begun = ledger.begin(**keys, member=execution, offset=meta.size, keys=plan.keys)
+        if begun is None:
+            raise JobLost(f"job {job.id}: this worker lost it while stalled; recorded nothing")
+        by_key: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            by_key.setdefault(record["key"], []).append(record)
+        lines: list[dict[str, Any]] = []
+        for key, found in zip(plan.keys, begun, strict=True):
+            mine = by_key.get(key, [])
+            if found.recorded or not mine:
+                continue
+            if found.intent is not None:
+                there = meta.files_from(found.intent, {r["file"] for r in mine})
+                mine = [r for r in mine if r["file"] not in there]
+            lines += mine
+        try:
+            meta.append(lines)
+        except OSError as exc:
+            raise unavailable(output, exc) from None
+        now = time.time()
+        counted = ledger.commit(
+            **keys,
+            images_key=images_key(queue_name),
+            recent_key=recent_key(queue_name),
+            member=execution,
+            now=now,
+            window_start=now - RECENT_WINDOW_S,
+            recent_member=f"{job.id}:{len(records)}:{time.perf_counter() - started:.3f}",
+            images={key: item.num_images for key, item in zip(plan.keys, chunk.items, strict=True)},
+        )
+    if counted is None:
+        raise JobLost(f"job {job.id}: this worker lost it while recording; the next owner reconciles")
+    return counted
