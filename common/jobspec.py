@@ -54,7 +54,7 @@ def _check_float(name: str, value: Any, lo: float, hi: float) -> None:
     _require(lo <= value <= hi, f"{name} {value} is outside {lo:g}..{hi:g}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GenParams:
     """Settings every prompt of one chunk shares; chunks are formed by grouping on these."""
 
@@ -84,7 +84,7 @@ class GenParams:
         return f"{self.width}x{self.height} · {self.steps} steps · cfg {self.guidance:g} · {self.model}{adapter}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptItem:
     """One row of the prompts file: a prompt, its seed and how many images to make from it.
 
@@ -107,7 +107,7 @@ class PromptItem:
         return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A chunk of prompts plus where their images go; the payload of one RQ job."""
 

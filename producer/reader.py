@@ -43,19 +43,24 @@ MAX_FIELD_CHARS = 200_000  # the csv module's own limit is 128 KiB; our prompt l
 csv.field_size_limit(max(MAX_FIELD_CHARS, 131072))
 
 
-@dataclass(frozen=True)
+def _default(cls: type, name: str) -> Any:
+    return cls.__dataclass_fields__[name].default
+
+
+@dataclass(frozen=True, kw_only=True)
 class RowDefaults:
-    """What the command-line flags give to rows that leave a column empty."""
+    """What the command-line flags give to rows that leave a column empty; the defaults are the
+    job spec's own (:class:`GenParams`, :class:`PromptItem`), defined once there."""
 
     model: str
-    width: int = 1024
-    height: int = 1024
-    steps: int = 30
-    guidance: float = 5.0
-    num_images: int = 1
+    width: int = _default(GenParams, "width")
+    height: int = _default(GenParams, "height")
+    steps: int = _default(GenParams, "steps")
+    guidance: float = _default(GenParams, "guidance")
+    num_images: int = _default(PromptItem, "num_images")
     seed: int | None = None
     adapter: str | None = None
-    adapter_scale: float = 1.0
+    adapter_scale: float = _default(GenParams, "adapter_scale")
     #: refuse rows whose adapter path does not exist on this machine
     check_paths: bool = True
 
@@ -102,13 +107,13 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         raise InvalidJobSpec("prompt is empty")
     adapter = values.get("adapter", defaults.adapter)
     params = _params(
-        defaults.model,
-        values.get("width", defaults.width),
-        values.get("height", defaults.height),
-        values.get("steps", defaults.steps),
-        float(values.get("guidance", defaults.guidance)),
-        adapter,
-        float(values.get("adapter_scale", defaults.adapter_scale)) if adapter else 1.0,
+        model=defaults.model,
+        width=values.get("width", defaults.width),
+        height=values.get("height", defaults.height),
+        steps=values.get("steps", defaults.steps),
+        guidance=float(values.get("guidance", defaults.guidance)),
+        adapter=adapter,
+        adapter_scale=float(values.get("adapter_scale", defaults.adapter_scale)) if adapter else 1.0,
     )
     if adapter and defaults.check_paths:
         _check_adapter(adapter)
@@ -129,9 +134,9 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
 
 
 @functools.lru_cache(maxsize=4096)
-def _params(*values: Any) -> GenParams:
+def _params(**values: Any) -> GenParams:
     """Rows of a file mostly share their settings: build and validate each combination once."""
-    return GenParams(*values).validate()
+    return GenParams(**values).validate()
 
 
 @functools.lru_cache(maxsize=1024)

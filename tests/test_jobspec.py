@@ -14,13 +14,15 @@ PARAMS = GenParams(model="tiny", width=64, height=64, steps=3)
 
 
 def spec(**changes) -> dict:
-    data = JobSpec(PARAMS, "/tmp/out", (PromptItem("a cat", seed=1),)).to_dict()
+    data = JobSpec(params=PARAMS, output="/tmp/out", items=(PromptItem(prompt="a cat", seed=1),)).to_dict()
     data.update(changes)
     return data
 
 
 def test_spec_round_trips_through_json():
-    original = JobSpec(PARAMS, "/tmp/out", (PromptItem("a «cat»", seed=3, num_images=2, id="r1"),))
+    original = JobSpec(
+        params=PARAMS, output="/tmp/out", items=(PromptItem(prompt="a «cat»", seed=3, num_images=2, id="r1"),)
+    )
     again = JobSpec.from_dict(json.loads(json.dumps(original.to_dict())))
     assert again == original
     assert again.num_images == 2
@@ -56,10 +58,10 @@ def test_unknown_fields_and_wrong_types_are_rejected():
 
 
 def test_item_key_depends_on_everything_that_changes_pixels():
-    item = PromptItem("a cat", seed=1)
+    item = PromptItem(prompt="a cat", seed=1)
     base = item_key(PARAMS, item)
-    assert item_key(PARAMS, PromptItem("a cat", seed=1)) == base
-    assert item_key(PARAMS, PromptItem("a cat", seed=2)) != base
+    assert item_key(PARAMS, PromptItem(prompt="a cat", seed=1)) == base
+    assert item_key(PARAMS, PromptItem(prompt="a cat", seed=2)) != base
     assert item_key(GenParams(model="tiny", width=64, height=64, steps=4), item) != base
     assert item_key(GenParams(model="tiny", width=64, height=64, steps=3, adapter="x"), item) != base
     assert len(base) == 24 and set(base) <= set("0123456789abcdef")
@@ -72,7 +74,7 @@ def test_derived_seed_is_stable_and_differs_per_prompt():
 
 
 def test_image_names_come_only_from_hex_keys():
-    key = item_key(PARAMS, PromptItem("../../etc/passwd", seed=1))
+    key = item_key(PARAMS, PromptItem(prompt="../../etc/passwd", seed=1))
     assert image_relpath(key, 0) == f"images/{key[:2]}/{key}-0.png"
     with pytest.raises(ValueError):
         image_relpath("../../etc/passwd", 0)

@@ -172,7 +172,8 @@ class GroupWorker(DiffqWorker):
     idle_every_s = int(PING_INTERVAL_S)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        self._stop_requested |= self.group.stop_asked  # a rank got SIGTERM during the last job
+        if self.group.stop_asked:  # a rank got SIGTERM during the last job
+            self.stop_after_job()
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def idle(self) -> None:
@@ -182,7 +183,8 @@ class GroupWorker(DiffqWorker):
         except GroupLost as exc:
             log.error("%s; the group exits", exc)
             raise SystemExit(EXIT_GROUP_LOST) from None
-        self._stop_requested |= self.group.stop_asked
+        if self.group.stop_asked:
+            self.stop_after_job()
 
     def handle_job_failure(
         self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""

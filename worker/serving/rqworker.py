@@ -283,6 +283,10 @@ class DiffqWorker(SimpleWorker):
 
     # -- jobs and their failures ------------------------------------------------------------
 
+    def stop_after_job(self) -> None:
+        """Take no new job: the work loop ends once the current one is done (or now, if idle)."""
+        self._stop_requested = True
+
     @property
     def running(self) -> tuple[Job | None, Queue | None]:
         """The job this worker runs now, and its queue (both None between jobs)."""
