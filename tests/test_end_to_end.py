@@ -60,7 +60,7 @@ def test_every_image_exists_once_with_its_parameters(drained):
 def test_metadata_jsonl_has_one_line_per_image(drained):
     lines = (drained["out"] / "metadata.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines]
-    assert sorted(r["file"] for r in records) == sorted(
+    assert sorted(r["file_name"] for r in records) == sorted(
         str(p.relative_to(drained["out"])) for p in pngs(drained["out"])
     )
     nook = [r for r in records if r["id"] == "nook"]
@@ -110,3 +110,15 @@ def test_the_worker_log_says_one_line_per_job(drained):
     assert len(ids) == 5
     assert all(log.count(jid) == 1 for jid in ids), log
     assert "s/img" in log and "job(s) queued" in log
+
+
+def test_the_output_loads_as_a_hugging_face_imagefolder_dataset(drained):
+    import datasets
+
+    ds = datasets.load_dataset("imagefolder", data_dir=str(drained["out"]), split="train")
+    assert len(ds) == 13  # one row per image
+    wanted = {"image", "prompt", "negative_prompt", "seed", "model", "adapter", "adapter_scale"}
+    wanted |= {"width", "height", "steps", "guidance", "key"}
+    assert wanted <= set(ds.column_names) and "label" not in ds.column_names  # no classes from the shard folders
+    row = next(r for r in ds if r["prompt"] == "富士山と桜、浮世絵風")
+    assert row["image"].size == (64, 64) and row["model"] == "tiny"

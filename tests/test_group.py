@@ -67,7 +67,7 @@ def assert_exactly_once(output: Path, expected: int) -> None:
             image.load()
             assert image.text["prompt"]  # the same PNG text chunks as single-GPU workers
     lines = (output / "metadata.jsonl").read_text().splitlines()
-    assert sorted(json.loads(line)["file"] for line in lines) == sorted(str(p.relative_to(output)) for p in images)
+    assert sorted(json.loads(line)["file_name"] for line in lines) == sorted(str(p.relative_to(output)) for p in images)
 
 
 # -- the layout (pure logic) ------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_
     assert run_worker(env).returncode == 0
     assert len(images_under(out)) == 8
     records = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
-    files = {r["file"] for r in records}
+    files = {r["file_name"] for r in records}
     assert files == {str(p.relative_to(out)) for p in images_under(out)}
     assert len(records) == 8  # the remade image keeps its one line: exactly one per image
     assert FinishedJobRegistry("diffq", connection=conn).count >= 5

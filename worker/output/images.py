@@ -170,7 +170,8 @@ class MetadataLog:
         self.handle.seek(offset)
         for raw in self.handle:
             try:
-                name = json.loads(raw).get("file")
+                record = json.loads(raw)
+                name = record.get("file_name", record.get("file"))  # "file" before 2026-11
             except (ValueError, AttributeError):
                 continue
             if name in files:

@@ -85,7 +85,7 @@ class Plan:
 def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[str, Any]:
     p = spec.params
     return {
-        "file": image_relpath(key, index),
+        "file_name": image_relpath(key, index),  # what Hugging Face imagefolder reads
         "key": key,
         "index": index,
         "id": item.id,
@@ -145,7 +145,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         left,
     )
     return {
-        "files": [r["file"] for r in records],
+        "files": [r["file_name"] for r in records],
         "skipped": plan.skipped,
         "recovered": len(plan.existing),
         "counted": counted,  # images this execution added to the queue's counter
@@ -239,7 +239,7 @@ def _save(
 
     def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
         record, image = pair
-        path = output / record["file"]
+        path = output / record["file_name"]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, png_bytes(image, record))
 
@@ -293,8 +293,8 @@ def _record(
             if found.recorded or not mine:
                 continue
             if found.intent is not None:
-                there = meta.files_from(found.intent, {r["file"] for r in mine})
-                mine = [r for r in mine if r["file"] not in there]
+                there = meta.files_from(found.intent, {r["file_name"] for r in mine})
+                mine = [r for r in mine if r["file_name"] not in there]
             lines += mine
         try:
             meta.append(lines)
