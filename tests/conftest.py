@@ -198,3 +198,13 @@ def kill(proc: subprocess.Popen) -> None:
         proc.send_signal(signal.SIGCONT)
         proc.kill()
     proc.wait(60)
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own with AOF on (fsync always), to be stopped and restarted."""
+    server = RedisServer(free_port(), tmp_path / "redis-aof", extra=("--appendonly", "yes", "--appendfsync", "always"))
+    server.dir.mkdir()
+    server.start()
+    yield server
+    server.stop()

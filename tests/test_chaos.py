@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import RedisServer, assert_exactly_once, free_port, kill, producer, start_worker, wait_for, write_csv
+from conftest import assert_exactly_once, kill, producer, start_worker, wait_for, write_csv
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -92,19 +92,10 @@ class Fleet:
         return [proc.wait(120) for proc in self.procs.values()]
 
 
-@pytest.fixture
-def aof_server(tmp_path: Path):
-    server = RedisServer(free_port(), tmp_path / "redis", extra=("--appendonly", "yes", "--appendfsync", "always"))
-    server.dir.mkdir()
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.mark.slow
-def test_chaos_every_image_exactly_once(env, tmp_path, monkeypatch, aof_server):
+def test_chaos_every_image_exactly_once(env, tmp_path, monkeypatch, aof_redis):
     rng = random.Random(SEED)
-    server = aof_server
+    server = aof_redis
     # one thread each: three workers with two OpenMP threads apiece on two cores spin against each other
     env = {**env, "REDIS_URL": server.url, "DIFFQ_HEARTBEAT_TTL": str(TTL_S), "OMP_NUM_THREADS": "1"}
     monkeypatch.setenv("REDIS_URL", server.url)

@@ -17,9 +17,7 @@ from conftest import (
     ROOT,
     SLOW,
     TINY_FLAGS,
-    RedisServer,
     assert_exactly_once,
-    free_port,
     images_under,
     kill,
     producer,
@@ -118,15 +116,6 @@ def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn
     )
     assert drain.returncode == 0
     assert_exactly_once(output, 6)
-
-
-@pytest.fixture
-def aof_redis(tmp_path: Path):
-    server = RedisServer(free_port(), tmp_path / "redis-aof", extra=("--appendonly", "yes", "--appendfsync", "always"))
-    server.dir.mkdir()
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_redis_restart_loses_nothing_and_workers_and_wait_reconnect(env, aof_redis, tmp_path):

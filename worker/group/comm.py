@@ -13,7 +13,6 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -127,21 +126,6 @@ def local_peers() -> list[int]:
         if host == here:
             peers.append(int(pid))
     return peers
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not: it died and waits to be reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
 
 
 def local_rank() -> int:

@@ -22,7 +22,8 @@ from rq.queue import Queue
 
 from common.errors import DiffqError, ModelLoadError, PermanentJobError
 from common.jobspec import GenParams
-from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost, alive
+from common.processes import alive
+from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost
 from worker.group.engine import RankEngine
 from worker.pipelines.cache import LoadedPipeline
 from worker.pipelines.generate import BatchResult

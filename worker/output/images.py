@@ -25,6 +25,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from common.errors import OutputNotWritable, OutputUnavailable
 from common.naming import METADATA_FILE
+from common.processes import alive
 
 #: what a full, read-only or vanished output folder raises; none of them is the job's fault
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
@@ -137,20 +138,10 @@ def remove_stale_temps(path: Path) -> int:
             old = time.time() - stale.stat().st_mtime > STALE_TEMP_S
         except OSError:
             continue
-        if (mine and not _alive(int(parts[1]))) or old:
+        if (mine and not alive(int(parts[1]))) or old:
             stale.unlink(missing_ok=True)
             removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class MetadataLog:
