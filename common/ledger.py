@@ -36,8 +36,10 @@ REDO_PREFIX = "r:"
 #: KEYS: items, queue, job hash, rq:queues, images-enqueued counter. ARGV: job id, n, n item keys,
 #: n redo flags, n image counts, job fields...
 #: Returns {} when the job was queued, else the item keys that are taken (or '*job' when a live
-#: job with this id exists).
-CLAIM = """
+#: job with this id exists). The ``#!lua`` line declares it a script with flags (Redis 7), and
+#: without ``allow-oom`` Redis refuses it whole when it is over ``maxmemory``: no chunk is ever
+#: half queued (an unflagged script that has written once may go on writing past the limit).
+CLAIM = """#!lua
 local n = tonumber(ARGV[2])
 local taken = {}
 local live = {queued = true, started = true, scheduled = true, deferred = true}

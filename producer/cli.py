@@ -44,6 +44,14 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except redis.ConnectionError as exc:
             click.echo(f"error: lost the connection to Redis ({exc}); run the same command again", err=True)
             sys.exit(3)
+        except redis.exceptions.OutOfMemoryError:
+            click.echo(
+                "error: Redis is full (its maxmemory) and refused more work; every chunk queued so far is whole. "
+                "Give Redis more memory (or let the workers drain the queue), then run the same command again: "
+                "it adds only what is missing",
+                err=True,
+            )
+            sys.exit(5)
 
     return wrapper
 

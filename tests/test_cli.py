@@ -109,3 +109,25 @@ def test_a_redis_that_needs_a_password_says_so(tmp_path, redis_server):
         assert redis.Redis(port=server.port, password="pw").ping()
     finally:
         server.stop()
+
+
+def test_a_full_redis_stops_the_producer_with_one_line_and_whole_chunks(env, tmp_path, monkeypatch):
+    from conftest import RedisServer, free_port
+
+    server = RedisServer(free_port(), tmp_path, extra=("--maxmemory", "2mb", "--maxmemory-policy", "noeviction"))
+    server.start()
+    try:
+        monkeypatch.setenv("REDIS_URL", server.url)
+        rows = write_csv(
+            tmp_path / "p.csv", "prompt\n" + "".join(f"a long prompt number {i} {'x' * 200}\n" for i in range(20000))
+        )
+        full = producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out")
+        assert full.exit_code == 5
+        assert full.output.strip().splitlines()[-1].startswith("error: Redis is full (its maxmemory)")
+        conn = redis.Redis.from_url(server.url)
+        queue = get_queue("diffq", conn)
+        assert 0 < queue.count < 20000 // 8 + 1
+        claimed = conn.hlen("diffq:diffq:items")
+        assert claimed == sum(len(job.kwargs["spec"]["items"]) for job in queue.get_jobs())  # no half chunk
+    finally:
+        server.stop()
