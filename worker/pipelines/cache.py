@@ -159,8 +159,8 @@ class PipelineCache:
         max_batch: int,
         on_step: Callable[[int, int], None] | None = None,
     ) -> tuple[BatchResult, int]:
-        """A job's images from this process's pipeline; an xDiT group's rank 0 overrides this to
-        spread the same call over every rank (see :mod:`worker.group`)."""
+        """A job's images from this process's pipeline. An xDiT group's rank 0 implements the same
+        :class:`~worker.pipelines.backend.GenerationBackend` call over every rank (:mod:`worker.group`)."""
         return run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch=max_batch, on_step=on_step)
 
     def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
