@@ -19,6 +19,8 @@ KEY_CHARS = 24  # 96 bits: no collision expected below ~10^14 items
 JOB_PREFIX = "dq"
 IMAGES_DIR = "images"
 METADATA_FILE = "metadata.jsonl"
+#: on an object store, where nothing can be appended, each job execution writes one part here
+METADATA_PARTS_DIR = "metadata"
 
 
 def _digest(payload: Any) -> str:
@@ -66,6 +68,13 @@ def image_relpath(key: str, index: int) -> str:
     if len(key) != KEY_CHARS or any(c not in "0123456789abcdef" for c in key):
         raise ValueError(f"not an item key: {key!r}")
     return f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png"
+
+
+def metadata_part(job_id: str, execution: str) -> str:
+    """The metadata part one execution of a job writes on an object store. Unique per execution,
+    so a later execution never overwrites lines an earlier one recorded (see
+    :mod:`worker.output.objects`)."""
+    return f"{METADATA_PARTS_DIR}/{job_id}.{_digest({'execution': execution})[:12]}.jsonl"
 
 
 def image_path(output: str | Path, key: str, index: int) -> Path:

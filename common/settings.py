@@ -22,6 +22,7 @@ ENV_NAMES: dict[str, str] = {
     "queue": "DIFFQ_QUEUE",
     "output": "DIFFQ_OUTPUT",
     "output_root": "DIFFQ_OUTPUT_ROOT",
+    "s3_endpoint_url": "DIFFQ_S3_ENDPOINT_URL",
     "model": "DIFFQ_MODEL",
     "cache_dir": "DIFFQ_CACHE",
     "device": "DIFFQ_DEVICE",
@@ -60,6 +61,8 @@ class Settings:
     output: str = "out"
     #: workers refuse jobs whose output folder is not under this one (empty: any folder)
     output_root: str = ""
+    #: S3-compatible endpoint for s3:// outputs (MinIO, Ceph, R2...); empty: AWS or AWS_ENDPOINT_URL
+    s3_endpoint_url: str = ""
     model: str = DEFAULT_MODEL
     cache_dir: str = str(Path.home() / ".cache" / "diffq")
     device: str = "auto"

@@ -25,9 +25,13 @@ from common.jobspec import GenParams, PromptItem
 from common.presets import MODEL_PRESETS, check_adapter, check_model
 from common.queues import connect, get_queue
 from common.settings import Settings, redact
-from producer.enqueue import EnqueueOptions, Enqueuer, check_file
+from common.storage import Store, is_url, local_path
+from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output
+from producer.export import SORT_BUFFER, ExportOptions, describe
+from producer.export import export as export_shards
 from producer.progress import Progress
 from producer.reader import RowDefaults, count_lines, file_format
+from producer.shards import FORMATS
 from producer.status import QueueStatus, collect, render
 
 
@@ -89,7 +93,8 @@ def _default(cls: type, name: str) -> Any:
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
 @click.option("--num-images", type=int, default=_default(PromptItem, "num_images"), show_default=True,
               help="Images per prompt, for rows without a num_images cell.")  # fmt: skip
-@click.option("--output", help="Folder the workers write images to [env DIFFQ_OUTPUT; default out].")
+@click.option("--output", help="Folder, or s3:// (any fsspec) URL, the workers write images to "
+              "[env DIFFQ_OUTPUT; default out].")  # fmt: skip
 @click.option("--chunk-size", type=int, help=f"Prompts per job, run as one GPU batch [env DIFFQ_CHUNK_SIZE; "
               f"{_default(Settings, 'chunk_size')}].")  # fmt: skip
 @click.option("--job-timeout", type=int, help=f"Seconds one job may run [env DIFFQ_JOB_TIMEOUT; "
@@ -139,6 +144,7 @@ def enqueue(file: Path, **opts: Any) -> None:
         except InvalidJobSpec as exc:
             raise ConfigError(f"--adapter: {exc}") from None
     conn = None if opts["dry_run"] else connect(settings.redis_url)
+    output = check_output(settings.output, settings.s3_endpoint_url)
 
     total_rows = count_lines(file) - (file_format(file) == "csv") if file.is_file() else None
     check = Progress("checking", total_rows, "rows")
@@ -151,7 +157,6 @@ def enqueue(file: Path, **opts: Any) -> None:
         )
         return
 
-    output = str(Path(settings.output).expanduser().absolute())
     options = EnqueueOptions.from_settings(settings, output)
     bar = Progress("enqueue", rows, "rows")
     report = Enqueuer(conn, settings.queue, options).enqueue(file, defaults, on_row=bar.update)
@@ -182,6 +187,41 @@ def _check_flags(defaults: RowDefaults) -> None:
     except InvalidJobSpec as exc:
         flag = str(exc).split(" ", 1)[0].replace("_", "-")
         raise ConfigError(f"--{flag}: {exc}") from None
+
+
+@main.command(short_help="Write an output (folder or s3:// URL) as WebDataset, Parquet or imagefolder shards.")
+@click.argument("source")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Shard format.")
+@click.option("--to", "dest", required=True, help="Folder or s3:// (any fsspec) URL to write the shards to.")
+@click.option("--shard-size", type=int, default=1000, show_default=True, help="Samples per shard.")
+@click.option("--group-by", type=click.Choice(["prompt"]), help="One sample per prompt with all its images "
+              "(seeds, adapters, models side by side): preference data.")  # fmt: skip
+@click.option("--sort-buffer", type=int, default=SORT_BUFFER, show_default=True,
+              help="Metadata lines sorted in memory; more spill to TMPDIR (about the metadata's size).")  # fmt: skip
+@user_errors
+def export(source: str, fmt: str, dest: str, shard_size: int, group_by: str | None, sort_buffer: int) -> None:
+    """Export SOURCE, a diffq output folder or bucket prefix, to dataset shards under --to.
+
+    One sample per image (or per prompt with --group-by prompt), sorted, so the same output
+    gives the same shards. Run it again after a crash: finished shards are kept, only the rest
+    is written. Images are read 64 at a time; memory stays flat whatever the dataset's size.
+    """
+    settings = Settings.load()
+    options = ExportOptions(format=fmt, shard_size=shard_size, group_by=group_by, sort_buffer=sort_buffer).validate()
+    src = Store(source.rstrip("/") if is_url(source) else str(local_path(source)), settings.s3_endpoint_url)
+    if not src.remote and not Path(src.location).is_dir():
+        raise ConfigError(f"{source}: no such folder")
+    out = Store(dest.rstrip("/") if is_url(dest) else str(local_path(dest)), settings.s3_endpoint_url)
+    click.echo(f"merging and sorting the metadata of {source} ...", err=True)
+    bars: list[Progress] = []
+
+    def start(total: int) -> None:
+        bars.append(Progress("export", total, "samples"))
+
+    report = export_shards(src, out, options, on_start=start, on_sample=lambda n: bars[0].advance(n))
+    if bars:
+        bars[0].close()
+    click.echo(describe(report, dest))
 
 
 @main.command(short_help="Queued, running, finished and failed jobs; images, rate, ETA, workers.")

@@ -18,12 +18,13 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.utils import now
 
-from common.errors import InputFileError
+from common.errors import ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
 from common.ledger import DONE, REDO_PREFIX, Ledger
-from common.naming import image_path, item_key, job_id
+from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
 from common.queues import TASK_FUNC, enqueued_key, get_queue, items_key
 from common.settings import Settings
+from common.storage import Store, is_url, local_path, problem
 from producer.reader import Row, RowDefaults, RowError, read_rows
 
 BATCH_ITEMS = 2000
@@ -37,6 +38,8 @@ class EnqueueOptions:
     """How the chunks of one file are queued; the defaults live in :class:`~common.settings.Settings`."""
 
     output: str
+    #: S3-compatible endpoint for an s3:// output (empty: AWS, or botocore's AWS_ENDPOINT_URL)
+    s3_endpoint_url: str = ""
     chunk_size: int
     job_timeout: int
     max_retries: int
@@ -46,6 +49,7 @@ class EnqueueOptions:
     def from_settings(cls, settings: Settings, output: str) -> EnqueueOptions:
         return cls(
             output=output,
+            s3_endpoint_url=settings.s3_endpoint_url,
             chunk_size=settings.chunk_size,
             job_timeout=settings.job_timeout,
             max_retries=settings.max_retries,
@@ -94,6 +98,23 @@ def check_file(path: Path, defaults: RowDefaults, on_row: Callable[[], None] | N
     return rows
 
 
+def check_output(location: str, endpoint_url: str = "") -> str:
+    """The output as jobs will name it: an absolute folder, or a URL whose bucket exists and
+    takes a write with these credentials (one small object written and deleted), so a typo in
+    the bucket or a missing key is one line here instead of every job failing on the workers."""
+    if not is_url(location):
+        return str(local_path(location))
+    store = Store(location.rstrip("/"), endpoint_url)
+    try:
+        store.probe()
+    except Exception as exc:
+        line = problem(exc, store.location, endpoint_url)
+        if line is None:
+            raise
+        raise ConfigError(f"--output: {line}; nothing was enqueued") from None
+    return store.location
+
+
 def _chunks(
     batches: Iterator[list[tuple[str, Row]]], size: int
 ) -> Iterator[tuple[GenParams, list[tuple[str, PromptItem]]] | None]:
@@ -133,8 +154,10 @@ class Enqueuer:
         self.options = options
         self.report = EnqueueReport()
         self._redo: set[str] = set()  # done items whose images are gone: made again
+        self._store = Store(options.output, options.s3_endpoint_url) if is_url(options.output) else None
         self._output = Path(options.output)
-        self._output_visible = self._output.is_dir()
+        self._output_visible = self._store is not None or self._output.is_dir()
+        self._listed: set[str] | None = None  # an object store's image names, listed once when needed
 
     def classify(self, batch: list[tuple[str, Row]]) -> list[tuple[str, Row]]:
         """Return the items of ``batch`` that are neither queued, running, failed nor done.
@@ -170,11 +193,16 @@ class Enqueuer:
         return fresh
 
     def _images_missing(self, key: str, row: Row) -> bool:
-        """Done means recorded in Redis *and* on disk: an image deleted since is made again.
+        """Done means recorded in Redis *and* in storage: an image deleted since is made again.
         Checked only where the output folder is visible from here (a producer on another
-        host than the workers trusts Redis)."""
+        host than the workers trusts Redis). On an object store the ``images/`` prefix is listed
+        once, at the first done item (1,000 names per request), never one request per image."""
         if not self._output_visible:
             return False
+        if self._store is not None:
+            if self._listed is None:
+                self._listed = set(self._store.listing(IMAGES_DIR))
+            return not all(image_relpath(key, i) in self._listed for i in range(row.item.num_images))
         return not all(image_path(self._output, key, i).exists() for i in range(row.item.num_images))
 
     def enqueue(self, path: Path, defaults: RowDefaults, on_row: Callable[[int], None] | None = None) -> EnqueueReport:

@@ -208,3 +208,103 @@ def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@dataclass
+class S3Server:
+    """moto's standalone S3-compatible server on a loopback port, with authentication on: an
+    IAM user with a key is made at start, and any other key is refused (403)."""
+
+    port: int
+    proc: subprocess.Popen | None = None
+    key: str = ""
+    secret: str = ""
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        # moto lets this many requests through unauthenticated: the three that make our user
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(self._answers, 60, "the S3 server (moto) to answer")
+        iam = self.client("iam", key="setup", secret="setup")
+        iam.create_user(UserName="diffq")
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="diffq", PolicyName="all", PolicyDocument=json.dumps(policy))
+        made = iam.create_access_key(UserName="diffq")["AccessKey"]
+        self.key, self.secret = made["AccessKeyId"], made["SecretAccessKey"]
+
+    def _answers(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail("the S3 server (python -m moto.server) exited at start")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def client(self, service: str = "s3", *, key: str = "", secret: str = ""):
+        import boto3
+
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=key or self.key,
+            aws_secret_access_key=secret or self.secret,
+        )
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "DIFFQ_S3_ENDPOINT_URL": self.endpoint,
+        }
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server(free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+_buckets = iter(range(10**6))
+
+
+@pytest.fixture
+def bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new, empty bucket of this test's own, and the S3 settings in this process's environment
+    (for the in-process producer); returns the bucket's name."""
+    name = f"diffq-test-{next(_buckets)}"
+    s3_server.client().create_bucket(Bucket=name)
+    for var, value in s3_server.env().items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return name
+
+
+def s3_objects(server: S3Server, bucket: str, prefix: str = "") -> dict[str, bytes]:
+    """Every object in ``bucket`` under ``prefix``, read back with boto3 (not the code under test)."""
+    s3 = server.client()
+    found: dict[str, bytes] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            found[item["Key"]] = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+    return found

@@ -53,7 +53,9 @@ from rq.worker import WorkerStatus
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
 from common.queues import paused_key
+from common.storage import is_url
 from worker.output.images import probe_output
+from worker.output.objects import probe_store
 from worker.serving.failures import classify, record_failure
 from worker.serving.recovery import give_back, requeue_abandoned
 from worker.serving.runtime import Runtime
@@ -362,8 +364,12 @@ class DiffqWorker(SimpleWorker):
             return
         self.give_back(job, queue, f"given back by {self.name}: {exc}")
         if isinstance(exc, OutputUnavailable) and exc.output:
-            output, needed = Path(exc.output), exc.needed
-            self.pause(str(exc), lambda: probe_output(output, needed))
+            endpoint = self.runtime.settings.s3_endpoint_url if self.runtime else ""
+            output, needed = exc.output, exc.needed
+            if is_url(output):
+                self.pause(str(exc), lambda: probe_store(output, endpoint))
+            else:
+                self.pause(str(exc), lambda: probe_output(Path(output), needed))
 
     def pause(self, reason: str, probe: Callable[[], None]) -> None:
         """Take no job until ``probe`` passes; it is tried with backoff while the keeper keeps

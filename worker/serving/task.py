@@ -25,8 +25,10 @@ from rq.job import Job
 from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import JobSpec, PromptItem
 from common.ledger import DONE, Ledger
-from common.naming import image_path, image_relpath, item_key
+from common.naming import image_relpath, item_key, metadata_part
 from common.queues import RECENT_WINDOW_S, get_queue, images_key, intents_key, items_key, recent_key
+from common.settings import Settings
+from common.storage import Store, is_url
 from worker.faults import block_in_c, fail_early_attempts, install_oom_fault
 from worker.output.images import (
     ENVIRONMENT_ERRNOS,
@@ -38,6 +40,7 @@ from worker.output.images import (
     unavailable,
     write_atomic,
 )
+from worker.output.objects import drop_part, existing, part_bytes, prepare_store, put_all
 from worker.serving import runtime
 
 log = logging.getLogger("diffq.worker")
@@ -111,7 +114,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
 
     # 1. Validate the payload (it came from Redis, so it is untrusted) and count the attempt
     chunk = JobSpec.from_dict(spec)
-    output = prepare_output(chunk.output, rt.settings.output_root)
+    output = _destination(chunk.output, rt.settings)
     _count_attempt(job, rt.settings.fault_fail_attempts)
 
     # 2. Plan: skip what is done, keep images an interrupted attempt finished
@@ -120,8 +123,9 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     timings = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
     records: list[dict[str, Any]] = []
     if plan.todo:
-        # 3. Room for the images, before any GPU time is spent on them
-        check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
+        # 3. Room for the images, before any GPU time is spent on them (a bucket has no "full")
+        if isinstance(output, Path):
+            check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
         # 4. Generate, then 5. write each image under its content-derived name
         images = _generate(rt, chunk, plan, progress, timings)
         records = _save(chunk, plan, images, output, timings)
@@ -149,10 +153,17 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         "skipped": plan.skipped,
         "recovered": len(plan.existing),
         "counted": counted,  # images this execution added to the queue's counter
-        "output": str(Path(output)),
+        "output": chunk.output if isinstance(output, Store) else str(output),
         "timings": {k: round(v, 4) for k, v in timings.items()},
         "worker": rt.worker_name,
     }
+
+
+def _destination(location: str, settings: Settings) -> Path | Store:
+    """A local folder (created now) or an object-store prefix."""
+    if is_url(location):
+        return prepare_store(location, settings.output_root, settings.s3_endpoint_url)
+    return prepare_output(location, settings.output_root)
 
 
 def _count_attempt(job: Job | None, fail_attempts: int) -> None:
@@ -163,20 +174,23 @@ def _count_attempt(job: Job | None, fail_attempts: int) -> None:
     fail_early_attempts(attempt, fail_attempts)
 
 
-def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Path) -> Plan:
+def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Path | Store) -> Plan:
     keys = [item_key(chunk.params, item) for item in chunk.items]
     states = conn.hmget(items_key(queue_name), keys) if conn is not None else [None] * len(keys)
+    rels = [image_relpath(key, i) for key, item in zip(keys, chunk.items, strict=True) for i in range(item.num_images)]
+    there = existing(output, rels) if isinstance(output, Store) else {r for r in rels if (output / r).exists()}
     plan = Plan(keys=keys)
     for key, item, state in zip(keys, chunk.items, states, strict=True):
-        paths = [image_path(output, key, i) for i in range(item.num_images)]
-        if state == DONE.encode() and all(p.exists() for p in paths):
+        mine = [image_relpath(key, i) for i in range(item.num_images)]
+        if state == DONE.encode() and all(rel in there for rel in mine):
             plan.skipped += item.num_images
             continue
-        for index, path in enumerate(paths):
-            if path.exists():
+        for index, rel in enumerate(mine):
+            if rel in there:
                 plan.existing.append((key, item, index))
             else:
-                remove_stale_temps(path)
+                if isinstance(output, Path):
+                    remove_stale_temps(output / rel)
                 plan.todo.append((key, item, index))
     return plan
 
@@ -229,27 +243,34 @@ def _generate(
 
 
 def _save(
-    chunk: JobSpec, plan: Plan, images: list[Image.Image], output: Path, timings: dict[str, float]
+    chunk: JobSpec, plan: Plan, images: list[Image.Image], output: Path | Store, timings: dict[str, float]
 ) -> list[dict[str, Any]]:
-    """Write each image (temp file + rename); PNG encoding releases the GIL, so a thread per
-    image overlaps them. A full or read-only disk is the worker's problem, not the job's."""
+    """Write each image (temp file + rename on disk, one PUT on an object store); PNG encoding
+    releases the GIL, so a thread per image overlaps them. A full or read-only disk, or an
+    unreachable bucket, is the worker's problem, not the job's."""
     started = time.perf_counter()
     created = datetime.now(UTC).isoformat(timespec="seconds")
     records = [_item_record(chunk, item, key, index) | {"created": created} for key, item, index in plan.todo]
 
     def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
         record, image = pair
+        assert isinstance(output, Path)
         path = output / record["file_name"]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, png_bytes(image, record))
 
-    try:
+    if isinstance(output, Store):
         with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
-            list(pool.map(save, zip(records, images, strict=True)))
-    except OSError as exc:
-        if exc.errno in ENVIRONMENT_ERRNOS:
-            raise unavailable(output, exc) from None
-        raise
+            blobs = list(pool.map(lambda pair: png_bytes(pair[1], pair[0]), zip(records, images, strict=True)))
+        put_all(output, {r["file_name"]: blob for r, blob in zip(records, blobs, strict=True)})
+    else:
+        try:
+            with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
+                list(pool.map(save, zip(records, images, strict=True)))
+        except OSError as exc:
+            if exc.errno in ENVIRONMENT_ERRNOS:
+                raise unavailable(output, exc) from None
+            raise
     timings["save_s"] = time.perf_counter() - started
     per_image = {k: round(v / len(records), 4) for k, v in timings.items()}
     for record in records:
@@ -264,7 +285,7 @@ def _record(
     execution: str | None,
     chunk: JobSpec,
     plan: Plan,
-    output: Path,
+    output: Path | Store,
     records: list[dict[str, Any]],
     started: float,
 ) -> int:
@@ -273,6 +294,8 @@ def _record(
 
     Lines are skipped for items already recorded, and for items an earlier execution was about
     to record (its intent offset) when the file already has them from that offset on."""
+    if isinstance(output, Store):
+        return _record_part(conn, queue_name, job, execution, chunk, plan, output, records, started)
     if conn is None or job is None or execution is None:  # a plain RQ worker or a direct call: no fence
         with locked_metadata(output) as meta:
             meta.append(records)
@@ -300,17 +323,68 @@ def _record(
             meta.append(lines)
         except OSError as exc:
             raise unavailable(output, exc) from None
-        now = time.time()
-        counted = ledger.commit(
-            **keys,
-            images_key=images_key(queue_name),
-            recent_key=recent_key(queue_name),
-            member=execution,
-            now=now,
-            window_start=now - RECENT_WINDOW_S,
-            recent_member=f"{job.id}:{len(records)}:{time.perf_counter() - started:.3f}",
-            images={key: item.num_images for key, item in zip(plan.keys, chunk.items, strict=True)},
-        )
+        counted = _commit(ledger, keys, queue_name, job, execution, chunk, plan, len(records), started)
     if counted is None:
         raise JobLost(f"job {job.id}: this worker lost it while recording; the next owner reconciles")
+    return counted
+
+
+def _commit(
+    ledger: Ledger,
+    keys: dict[str, str],
+    queue_name: str,
+    job: Job,
+    execution: str,
+    chunk: JobSpec,
+    plan: Plan,
+    written: int,
+    started: float,
+) -> int | None:
+    now = time.time()
+    return ledger.commit(
+        **keys,
+        images_key=images_key(queue_name),
+        recent_key=recent_key(queue_name),
+        member=execution,
+        now=now,
+        window_start=now - RECENT_WINDOW_S,
+        recent_member=f"{job.id}:{written}:{time.perf_counter() - started:.3f}",
+        images={key: item.num_images for key, item in zip(plan.keys, chunk.items, strict=True)},
+    )
+
+
+def _record_part(
+    conn: redis.Redis | None,
+    queue_name: str,
+    job: Job | None,
+    execution: str | None,
+    chunk: JobSpec,
+    plan: Plan,
+    store: Store,
+    records: list[dict[str, Any]],
+    started: float,
+) -> int:
+    """On an object store: BEGIN (which items are recorded already), PUT this execution's
+    metadata part with the others' lines, COMMIT. An execution that lost the job deletes its
+    part (see :mod:`worker.output.objects` for the one case it cannot)."""
+    if conn is None or job is None or execution is None:
+        name = metadata_part(job.id if job else "direct", execution or f"{time.time_ns()}")
+        put_all(store, {name: part_bytes(records)})
+        return len(records)
+    ledger = Ledger(conn)
+    keys = {"started_key": job.started_job_registry.key, "items_key": items_key(queue_name)}
+    keys["intents_key"] = intents_key(queue_name)
+    begun = ledger.begin(**keys, member=execution, offset=0, keys=plan.keys)
+    if begun is None:
+        raise JobLost(f"job {job.id}: this worker lost it while stalled; recorded nothing")
+    recorded = {key for key, found in zip(plan.keys, begun, strict=True) if found.recorded}
+    lines = [r for r in records if r["key"] not in recorded]
+    name = metadata_part(job.id, execution)
+    if lines:
+        put_all(store, {name: part_bytes(lines)})
+    counted = _commit(ledger, keys, queue_name, job, execution, chunk, plan, len(records), started)
+    if counted is None:
+        if lines:
+            drop_part(store, name)
+        raise JobLost(f"job {job.id}: this worker lost it while recording; its metadata part is withdrawn")
     return counted

@@ -1,0 +1,353 @@
+"""``producer export``: turn an output (folder or bucket) into dataset shards.
+
+The steps, each with memory that does not grow with the dataset:
+
+1. **Merge** the metadata: ``metadata.jsonl`` (a local output) and the per-job parts under
+   ``metadata/`` (an object-store output), read as a stream.
+2. **Sort** it by ``file_name`` (or by prompt, then ``file_name``, for ``--group-by prompt``)
+   with an external merge sort: runs of ``sort_buffer`` lines are sorted in memory and spilled
+   to temp files, then merged. Sorting makes the shards deterministic (the same output gives
+   the same shards, byte for byte) and puts duplicate lines side by side, where one line per
+   image is kept (see :mod:`worker.output.objects` for how a part can repeat a line).
+3. **Write** shards of ``shard_size`` samples, reading images 64 at a time (concurrent GETs
+   on an object store). Each shard is finished in a local temp file and put under its final
+   name in one step, then a marker ``.diffq-export/NNNNNN.json`` records the digest of its
+   lines. A run that was killed and started again skips every shard whose marker matches and
+   writes only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError, DiffqError
+from common.naming import METADATA_FILE, METADATA_PARTS_DIR
+from common.storage import Store, problem
+from producer.shards import FORMATS, ShardWriter, group_key
+
+#: lines sorted in memory before a run is spilled to disk (about 60 MB of metadata)
+SORT_BUFFER = 100_000
+#: images read per request batch (concurrent GETs on an object store)
+READ_BATCH = 64
+#: metadata parts read at once from an object store
+PART_BATCH = 64
+MARKERS_DIR = ".diffq-export"
+
+
+class ExportError(DiffqError):
+    """The source has no metadata, or a destination cannot be written."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions:
+    format: str
+    shard_size: int = 1000
+    group_by: str | None = None
+    sort_buffer: int = SORT_BUFFER
+
+    def validate(self) -> ExportOptions:
+        if self.format not in FORMATS:
+            raise ConfigError(f"--format {self.format!r}: use one of {', '.join(FORMATS)}")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard-size {self.shard_size}: use at least 1")
+        if self.group_by not in (None, "prompt"):
+            raise ConfigError(f"--group-by {self.group_by!r}: only 'prompt' is supported")
+        if self.group_by and self.format == "imagefolder":
+            raise ConfigError(
+                "--group-by prompt needs --format webdataset or parquet: imagefolder has one row per image "
+                "(group its rows by their prompt column instead)"
+            )
+        if self.sort_buffer < 100:
+            raise ConfigError(f"--sort-buffer {self.sort_buffer}: use at least 100")
+        return self
+
+
+@dataclass
+class ExportReport:
+    lines: int = 0  # metadata lines read
+    duplicates: int = 0  # lines for an image that already had one (dropped)
+    images: int = 0  # images in the shards
+    samples: int = 0  # samples (images, or prompt groups)
+    shards: int = 0
+    written: int = 0  # shards written by this run
+    kept: int = 0  # shards a previous run had finished
+    missing: list[str] = field(default_factory=list)  # lines whose image is gone
+    seconds: float = 0.0
+
+
+# -- 1. merge ------------------------------------------------------------------------------
+def metadata_files(store: Store) -> list[str]:
+    files = sorted(r for r in store.listing(METADATA_PARTS_DIR) if r.endswith(".jsonl"))
+    if store.exists(METADATA_FILE):
+        files.insert(0, METADATA_FILE)
+    return files
+
+
+def read_lines(store: Store, files: list[str]) -> Iterator[str]:
+    """Every metadata line of ``files``: the big local file streamed, small parts fetched a
+    batch at a time."""
+    parts: list[str] = []
+    for rel in files:
+        if rel == METADATA_FILE:
+            with store.fs.open(store.path(rel), "rb") as handle:
+                for raw in handle:
+                    yield raw.decode("utf-8", errors="replace")
+        else:
+            parts.append(rel)
+    for start in range(0, len(parts), PART_BATCH):
+        got = store.read_many(parts[start : start + PART_BATCH])
+        for rel in parts[start : start + PART_BATCH]:
+            yield from got.get(rel, b"").decode("utf-8", errors="replace").splitlines()
+
+
+# -- 2. sort -------------------------------------------------------------------------------
+class ExternalSort:
+    """Sort ``(key, line)`` pairs with bounded memory: sorted runs spilled to ``folder``, then
+    a k-way merge. A line never contains a tab or a newline (JSON escapes them)."""
+
+    def __init__(self, folder: Path, buffer: int) -> None:
+        self.folder = folder
+        self.buffer = buffer
+        self.pending: list[str] = []
+        self.runs: list[Path] = []
+
+    def add(self, key: str, line: str) -> None:
+        self.pending.append(f"{key}\t{line}")
+        if len(self.pending) >= self.buffer:
+            self._spill()
+
+    def _spill(self) -> None:
+        self.pending.sort()
+        run = self.folder / f"run{len(self.runs):05d}.txt"
+        with open(run, "w", encoding="utf-8") as out:
+            out.writelines(entry + "\n" for entry in self.pending)
+        self.runs.append(run)
+        self.pending = []
+
+    def merged(self) -> Iterator[tuple[str, str]]:
+        if not self.runs:
+            self.pending.sort()
+            streams: list[Iterator[str]] = [iter(self.pending)]
+        else:
+            if self.pending:
+                self._spill()
+            streams = [(line.rstrip("\n") for line in open(run, encoding="utf-8")) for run in self.runs]  # noqa: SIM115
+        for entry in heapq.merge(*streams):
+            key, line = entry.split("\t", 1)
+            yield key, line
+
+
+def sorted_records(store: Store, options: ExportOptions, folder: Path, report: ExportReport) -> Path:
+    """Merge, sort and dedup the metadata into one file of lines (one per image, in shard order);
+    return its path."""
+    sorter = ExternalSort(folder, options.sort_buffer)
+    for line in read_lines(store, metadata_files(store)):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+            name = record.get("file_name") or record.get("file")
+        except (ValueError, AttributeError):
+            continue  # a torn last line (a writer killed mid-append) is not a record
+        if not isinstance(name, str):
+            continue
+        report.lines += 1
+        key = f"{group_key(str(record.get('prompt', '')))} {name}" if options.group_by else name
+        sorter.add(key, json.dumps(record, ensure_ascii=False, sort_keys=True))
+    merged = folder / "merged.jsonl"
+    last_name = None
+    with open(merged, "w", encoding="utf-8") as out:
+        for key, line in sorter.merged():
+            name = key.rsplit(" ", 1)[-1]
+            if name == last_name:
+                report.duplicates += 1
+                continue
+            last_name = name
+            out.write(line + "\n")
+    for run in sorter.runs:
+        run.unlink()
+    return merged
+
+
+def samples(merged: Path, grouped: bool) -> Iterator[list[dict[str, Any]]]:
+    """One list per sample: one record, or every record of one prompt."""
+    group: list[dict[str, Any]] = []
+    current = None
+    with open(merged, encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if not grouped:
+                yield [record]
+                continue
+            key = group_key(str(record.get("prompt", "")))
+            if group and key != current:
+                yield group
+                group = []
+            current = key
+            group.append(record)
+    if group:
+        yield group
+
+
+def count_samples(merged: Path, grouped: bool) -> tuple[int, int]:
+    """(samples, images) in the merged file, one cheap pass (for the progress bar's total)."""
+    n_samples = n_images = 0
+    for sample in samples(merged, grouped):
+        n_samples += 1
+        n_images += len(sample)
+    return n_samples, n_images
+
+
+# -- 3. write ------------------------------------------------------------------------------
+def shard_digest(options: ExportOptions, shard: list[list[dict[str, Any]]]) -> str:
+    h = hashlib.sha256(f"{options.format}|{options.group_by}|".encode())
+    for sample in shard:
+        for record in sample:
+            h.update(json.dumps(record, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+            h.update(b"\n")
+        h.update(b"\x1e")
+    return h.hexdigest()
+
+
+def _storage_error(exc: BaseException, store: Store, role: str) -> DiffqError | None:
+    line = problem(exc, store.location, store.endpoint_url)
+    if line is None:
+        return None
+    return ExportError(f"{role} {line.removeprefix('output ')}")
+
+
+def export(
+    source: Store,
+    dest: Store,
+    options: ExportOptions,
+    on_start: Callable[[int], None] | None = None,
+    on_sample: Callable[[int], None] | None = None,
+) -> ExportReport:
+    """Export ``source`` to shards under ``dest``; see the module docstring."""
+    options.validate()
+    report = ExportReport()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="diffq-export-") as tmp:
+        folder = Path(tmp)
+        try:
+            merged = sorted_records(source, options, folder, report)
+        except Exception as exc:
+            err = _storage_error(exc, source, "source")
+            if err is None:
+                raise
+            raise err from None
+        if report.lines == 0:
+            raise ExportError(
+                f"source {source.location!r} has no metadata ({METADATA_FILE} or {METADATA_PARTS_DIR}/*.jsonl): "
+                "is it a diffq output?"
+            )
+        report.samples, report.images = count_samples(merged, bool(options.group_by))
+        report.shards = -(-report.samples // options.shard_size)
+        if on_start:
+            on_start(report.samples)
+        writer = ShardWriter(options.format, grouped=bool(options.group_by))
+        shard: list[list[dict[str, Any]]] = []
+        index = 0
+        for sample in samples(merged, bool(options.group_by)):
+            shard.append(sample)
+            if len(shard) == options.shard_size:
+                _write_shard(source, dest, writer, options, index, shard, folder, report)
+                if on_sample:
+                    on_sample(len(shard))
+                shard, index = [], index + 1
+        if shard:
+            _write_shard(source, dest, writer, options, index, shard, folder, report)
+            if on_sample:
+                on_sample(len(shard))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _write_shard(
+    source: Store,
+    dest: Store,
+    writer: ShardWriter,
+    options: ExportOptions,
+    index: int,
+    shard: list[list[dict[str, Any]]],
+    folder: Path,
+    report: ExportReport,
+) -> None:
+    name = f"{index:06d}"
+    marker = f"{MARKERS_DIR}/{name}.json"
+    digest = shard_digest(options, shard)
+    try:
+        if dest.exists(marker) and json.loads(dest.read(marker)).get("digest") == digest:
+            report.kept += 1
+            return
+    except Exception as exc:
+        err = _storage_error(exc, dest, "destination")
+        if err is None:
+            raise
+        raise err from None
+
+    def images() -> Iterator[tuple[list[dict[str, Any]], list[bytes | None]]]:
+        batch: list[list[dict[str, Any]]] = []
+        for sample in shard:
+            batch.append(sample)
+            if sum(len(s) for s in batch) >= READ_BATCH:
+                yield from _read_batch(source, batch, report)
+                batch = []
+        if batch:
+            yield from _read_batch(source, batch, report)
+
+    try:
+        writer.write(dest, name, images(), folder)
+        dest.put(marker, json.dumps({"digest": digest, "samples": len(shard)}).encode())
+    except DiffqError:
+        raise
+    except Exception as exc:
+        err = _storage_error(exc, dest, "destination")
+        if err is None:
+            raise
+        raise err from None
+    report.written += 1
+
+
+def _read_batch(
+    source: Store, batch: list[list[dict[str, Any]]], report: ExportReport
+) -> Iterator[tuple[list[dict[str, Any]], list[bytes | None]]]:
+    names = [record["file_name"] for sample in batch for record in sample]
+    try:
+        got = source.read_many(names, missing_ok=True)
+    except Exception as exc:
+        err = _storage_error(exc, source, "source")
+        if err is None:
+            raise
+        raise err from None
+    for sample in batch:
+        blobs = [got.get(record["file_name"]) for record in sample]
+        report.missing += [r["file_name"] for r, b in zip(sample, blobs, strict=True) if b is None]
+        yield sample, blobs
+
+
+def describe(report: ExportReport, dest: str) -> str:
+    rate = report.images / report.seconds if report.seconds else 0.0
+    text = (
+        f"exported {report.images} image(s) as {report.samples} sample(s) in {report.shards} shard(s) to {dest} "
+        f"({report.written} written, {report.kept} already there) in {report.seconds:.1f}s, {rate:.0f} images/s"
+    )
+    if report.duplicates:
+        text += f"; {report.duplicates} repeated metadata line(s) merged"
+    if report.missing:
+        text += (
+            f"; {len(report.missing)} image(s) listed in the metadata are missing and were left out "
+            f"(first: {report.missing[0]}); producer enqueue makes them again"
+        )
+    return text

@@ -1,0 +1,194 @@
+"""The three shard formats of ``producer export``, written deterministically.
+
+- **webdataset**: ``NNNNNN.tar`` with ``<key>.png`` and ``<key>.json`` per sample (for a
+  prompt group: ``<key>.0.png``, ``<key>.1.png``, ... and one ``<key>.json`` listing them).
+  Tar members have fixed owner, mode and time, so the same samples give the same bytes.
+- **parquet**: ``NNNNNN.parquet``; the image column is ``struct<bytes, path>`` and the schema
+  carries the Hugging Face features, so ``datasets.load_dataset("parquet", ...)`` decodes the
+  images. A group is one row with list columns.
+- **imagefolder**: ``NNNNNN/`` with the PNGs and a ``metadata.jsonl`` whose ``file_name`` is
+  relative to it: ``datasets.load_dataset("imagefolder", data_dir=DEST)`` reads all shards.
+
+Images are streamed in (a batch at a time), so memory holds one batch, never a shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError
+from common.storage import Store
+
+FORMATS = ("webdataset", "parquet", "imagefolder")
+
+#: the columns every exported image carries, with their Arrow/Hugging Face types
+COLUMNS: dict[str, str] = {
+    "key": "string",
+    "index": "int32",
+    "id": "string",
+    "prompt": "string",
+    "negative_prompt": "string",
+    "seed": "int64",
+    "model": "string",
+    "adapter": "string",
+    "adapter_scale": "float64",
+    "width": "int32",
+    "height": "int32",
+    "steps": "int32",
+    "guidance": "float64",
+    "created": "string",
+}
+
+Batch = Iterator[tuple[list[dict[str, Any]], list[bytes | None]]]
+
+
+def columns(record: dict[str, Any]) -> dict[str, Any]:
+    return {name: record.get(name) for name in COLUMNS}
+
+
+def typed(row: dict[str, Any]) -> dict[str, Any]:
+    """No nulls, for imagefolder shards: ``datasets`` infers each shard's column types from
+    its own ``metadata.jsonl``, and a shard whose ``adapter`` is all null would clash with one
+    that names adapters. No adapter is ``""`` at scale ``0.0`` (no effect), no id is ``""``."""
+    out = dict(row)
+    if out.get("adapter") is None:
+        out["adapter"], out["adapter_scale"] = "", 0.0
+    for name, kind in COLUMNS.items():
+        if out.get(name) is None and kind == "string":
+            out[name] = ""
+    return out
+
+
+def sample_key(record: dict[str, Any]) -> str:
+    """``<item key>-<index>``: no dot, so WebDataset readers split the extension correctly."""
+    return f"{record['key']}-{record['index']}"
+
+
+class ShardWriter:
+    def __init__(self, format: str, grouped: bool) -> None:
+        if format not in FORMATS:
+            raise ConfigError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
+        self.format = format
+        self.grouped = grouped
+
+    def write(self, dest: Store, name: str, batches: Batch, folder: Path) -> None:
+        if self.format == "webdataset":
+            self._tar(dest, name, batches, folder)
+        elif self.format == "parquet":
+            self._parquet(dest, name, batches, folder)
+        else:
+            self._imagefolder(dest, name, batches)
+
+    # -- webdataset ----------------------------------------------------------------------
+    def _tar(self, dest: Store, name: str, batches: Batch, folder: Path) -> None:
+        tmp = folder / f"{name}.tar"
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for sample, blobs in batches:
+                present = [(r, b) for r, b in zip(sample, blobs, strict=True) if b is not None]
+                if not present:
+                    continue
+                if not self.grouped:
+                    record, blob = present[0]
+                    key = sample_key(record)
+                    _add(tar, f"{key}.png", blob)
+                    _add(tar, f"{key}.json", _json(columns(record)))
+                    continue
+                first = present[0][0]
+                key = f"g{_group(first)}"
+                images = []
+                for i, (record, blob) in enumerate(present):
+                    _add(tar, f"{key}.{i}.png", blob)
+                    images.append({"file": f"{i}.png", **columns(record)})
+                _add(tar, f"{key}.json", _json({"prompt": first.get("prompt"), "images": images}))
+        dest.put_file(f"{name}.tar", tmp)
+
+    # -- parquet -------------------------------------------------------------------------
+    def _parquet(self, dest: Store, name: str, batches: Batch, folder: Path) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("--format parquet needs pyarrow: pip install 'diffq[parquet]'") from None
+        schema = _schema(pa, self.grouped)
+        tmp = folder / f"{name}.parquet"
+        with pq.ParquetWriter(tmp, schema, compression="NONE") as out:  # PNG bytes do not compress
+            for sample, blobs in batches:
+                present = [(r, b) for r, b in zip(sample, blobs, strict=True) if b is not None]
+                if not present:
+                    continue
+                if self.grouped:
+                    row: dict[str, Any] = {
+                        "group": _group(present[0][0]),
+                        "prompt": present[0][0].get("prompt"),
+                        "images": [{"bytes": b, "path": sample_key(r) + ".png"} for r, b in present],
+                    }
+                    for column in COLUMNS:
+                        row[f"{column}s"] = [r.get(column) for r, _ in present]
+                    rows = [row]
+                else:
+                    rows = [{"image": {"bytes": b, "path": sample_key(r) + ".png"}, **columns(r)} for r, b in present]
+                out.write_table(pa.Table.from_pylist(rows, schema=schema))
+        dest.put_file(f"{name}.parquet", tmp)
+
+    # -- imagefolder ---------------------------------------------------------------------
+    def _imagefolder(self, dest: Store, name: str, batches: Batch) -> None:
+        lines: list[bytes] = []
+        for sample, blobs in batches:
+            for record, blob in zip(sample, blobs, strict=True):
+                if blob is None:
+                    continue
+                file_name = f"{sample_key(record)}.png"
+                dest.put(f"{name}/{file_name}", blob)
+                lines.append(_json({"file_name": file_name, **typed(columns(record))}) + b"\n")
+        dest.put(f"{name}/metadata.jsonl", b"".join(lines))
+
+
+def _schema(pa: Any, grouped: bool) -> Any:
+    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64()}
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    if grouped:
+        fields = [("group", pa.string()), ("prompt", pa.string()), ("images", pa.list_(image))]
+        fields += [(f"{c}s", pa.list_(types[t])) for c, t in COLUMNS.items()]
+        features: dict[str, Any] = {
+            "group": {"dtype": "string", "_type": "Value"},
+            "prompt": {"dtype": "string", "_type": "Value"},
+            "images": {"feature": {"_type": "Image"}, "_type": "List"},
+        }
+        for c, t in COLUMNS.items():
+            features[f"{c}s"] = {"feature": {"dtype": t, "_type": "Value"}, "_type": "List"}
+    else:
+        fields = [("image", image)] + [(c, types[t]) for c, t in COLUMNS.items()]
+        features = {"image": {"_type": "Image"}}
+        features |= {c: {"dtype": t, "_type": "Value"} for c, t in COLUMNS.items()}
+    # what datasets reads to know that the struct is an image (datasets.Features.from_arrow_schema)
+    metadata = {"huggingface": json.dumps({"info": {"features": features}})}
+    return pa.schema(fields, metadata=metadata)
+
+
+def group_key(prompt: str) -> str:
+    """The sample key of a ``--group-by prompt`` group: a digest of the prompt text."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+def _group(record: dict[str, Any]) -> str:
+    return group_key(str(record.get("prompt", "")))
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
