@@ -22,7 +22,7 @@ COPY docker/constraints.txt docker/constraints.txt
 COPY common common
 COPY producer producer
 COPY worker worker
-RUN pip install -c docker/constraints.txt ".[dashboard,group]"
+RUN pip install -c docker/constraints.txt ".[dashboard,group,s3]"
 
 RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin diffq \
     && mkdir -p /cache /data \

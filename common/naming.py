@@ -8,8 +8,10 @@ steer a write outside the output folder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
@@ -28,30 +30,56 @@ def _digest(payload: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# derived_seed and item_key run once per row of a prompts file (10^7 rows in a big campaign), so
+# they write the JSON text that ``_digest`` would write by hand: the same bytes (sorted keys, no
+# spaces, text escaped by the encoder json.dumps itself uses), three times faster.
+# tests/test_naming.py checks them against ``_digest`` on random rows.
+
+
+def _scalar(value: str | int | float | None) -> str:
+    """One JSON value, exactly as ``json.dumps(..., ensure_ascii=False)`` writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring(value)
+    return repr(value)  # int.__repr__ / float.__repr__: what json uses for finite numbers
+
+
 def derived_seed(prompt: str, negative_prompt: str = "", row_id: str | None = None) -> int:
     """A seed for a row that gave none: stable across runs and machines, different per prompt."""
-    digest = _digest({"seed": 1, "prompt": prompt, "negative_prompt": negative_prompt, "id": row_id})
-    return int(digest[:8], 16)
+    text = (
+        f'{{"id":{_scalar(row_id)},"negative_prompt":{encode_basestring(negative_prompt)},'
+        f'"prompt":{encode_basestring(prompt)},"seed":1}}'
+    )
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16)
+
+
+@functools.lru_cache(maxsize=4096)
+def _params_json(params: GenParams) -> tuple[str, str, str]:
+    """The parts of an item's key text that come from its chunk's settings (shared by many rows)."""
+    scale = float(params.adapter_scale) if params.adapter else None
+    head = (
+        f'{{"adapter":{_scalar(params.adapter)},"adapter_scale":{_scalar(scale)},'
+        f'"guidance":{_scalar(float(params.guidance))},"height":{_scalar(params.height)},'
+    )
+    return (
+        head,
+        f'"model":{_scalar(params.model)},',
+        f'"steps":{_scalar(params.steps)},"width":{_scalar(params.width)}}}',
+    )
 
 
 def item_key(params: GenParams, item: PromptItem) -> str:
-    """The identity of one row's images: everything that changes the pixels, plus the row id."""
-    return _digest(
-        {
-            "model": params.model,
-            "adapter": params.adapter,
-            "adapter_scale": float(params.adapter_scale) if params.adapter else None,
-            "width": params.width,
-            "height": params.height,
-            "steps": params.steps,
-            "guidance": float(params.guidance),
-            "prompt": item.prompt,
-            "negative_prompt": item.negative_prompt,
-            "seed": item.seed,
-            "num_images": item.num_images,
-            "id": item.id,
-        }
-    )[:KEY_CHARS]
+    """The identity of one row's images: everything that changes the pixels, plus the row id.
+
+    The digest of ``{"model", "adapter", "adapter_scale" (None without an adapter), "width",
+    "height", "steps", "guidance", "prompt", "negative_prompt", "seed", "num_images", "id"}``."""
+    head, model, tail = _params_json(params)
+    text = (
+        f'{head}"id":{_scalar(item.id)},{model}"negative_prompt":{encode_basestring(item.negative_prompt)},'
+        f'"num_images":{item.num_images!r},"prompt":{encode_basestring(item.prompt)},"seed":{item.seed!r},{tail}'
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:KEY_CHARS]
 
 
 def job_id(keys: list[str], output: str, queue: str) -> str:

@@ -32,6 +32,8 @@ ENV_NAMES: dict[str, str] = {
     "gpu_lease": "DIFFQ_GPU_LEASE",
     "lease_scope": "DIFFQ_LEASE_SCOPE",
     "chunk_size": "DIFFQ_CHUNK_SIZE",
+    "max_queued": "DIFFQ_MAX_QUEUED",
+    "keep_finished": "DIFFQ_KEEP_FINISHED",
     "job_timeout": "DIFFQ_JOB_TIMEOUT",
     "max_retries": "DIFFQ_MAX_RETRIES",
     "retry_backoff": "DIFFQ_RETRY_BACKOFF",
@@ -74,6 +76,12 @@ class Settings:
     #: the host name leases are scoped by (default: /etc/machine-id, else the hostname)
     lease_scope: str = ""
     chunk_size: int = 8
+    #: jobs ``producer enqueue`` keeps queued at most; past it, it waits for workers to take some
+    #: (a 10^7-image file is 1.25 M jobs, ~1.8 GB of Redis if queued at once). 0: no limit
+    max_queued: int = 100_000
+    #: finished jobs (hash and result) kept for rq-dashboard; older ones are deleted, since the
+    #: ledger and the counters hold what a campaign needs. 0: keep them for RQ's result TTL
+    keep_finished: int = 10_000
     job_timeout: int = 3600
     max_retries: int = 3
     #: seconds before the 1st, 2nd, ... retry of a transient failure (the last repeats)
@@ -126,6 +134,10 @@ class Settings:
             raise ConfigError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.chunk_size < 1 or self.chunk_size > 256:
             raise ConfigError(f"--chunk-size {self.chunk_size}: use 1..256")
+        if self.max_queued < 0:
+            raise ConfigError(f"--max-queued {self.max_queued}: use 0 (no limit) or more")
+        if self.keep_finished < 0:
+            raise ConfigError(f"DIFFQ_KEEP_FINISHED={self.keep_finished}: use 0 (RQ's TTL) or more")
         if self.job_timeout < 10:
             raise ConfigError(f"--job-timeout {self.job_timeout}: use at least 10 seconds")
         if not self.queue or ":" in self.queue or len(self.queue) > 100:

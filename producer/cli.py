@@ -23,10 +23,10 @@ from rq.serializers import JSONSerializer
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
 from common.presets import MODEL_PRESETS, check_adapter, check_model
-from common.queues import connect, get_queue
+from common.queues import checked_key, connect, get_queue
 from common.settings import Settings, redact
 from common.storage import Store, is_url, local_path
-from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output
+from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
 from producer.export import SORT_BUFFER, ExportOptions, describe
 from producer.export import export as export_shards
 from producer.progress import Progress
@@ -101,6 +101,9 @@ def _default(cls: type, name: str) -> Any:
               f"{_default(Settings, 'job_timeout')}].")  # fmt: skip
 @click.option("--max-retries", type=int, help=f"Retries of a job that failed transiently [env DIFFQ_MAX_RETRIES; "
               f"{_default(Settings, 'max_retries')}].")  # fmt: skip
+@click.option("--max-queued", type=int, help="Keep at most this many jobs queued, waiting for workers to take "
+              "some (bounds Redis memory; 0: no limit) "
+              f"[env DIFFQ_MAX_QUEUED; {_default(Settings, 'max_queued')}].")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Validate and count; enqueue nothing.")
 @click.option(
     "--no-path-checks", is_flag=True, help="Do not check that adapter paths exist here (only the workers see them)."
@@ -123,6 +126,7 @@ def enqueue(file: Path, **opts: Any) -> None:
         chunk_size=opts["chunk_size"],
         job_timeout=opts["job_timeout"],
         max_retries=opts["max_retries"],
+        max_queued=opts["max_queued"],
     )
     defaults = RowDefaults(
         model=settings.model,
@@ -147,8 +151,16 @@ def enqueue(file: Path, **opts: Any) -> None:
     output = check_output(settings.output, settings.s3_endpoint_url)
 
     total_rows = count_lines(file) - (file_format(file) == "csv") if file.is_file() else None
-    check = Progress("checking", total_rows, "rows")
-    rows = check_file(file, defaults, on_row=check.advance)
+    fingerprint = file_fingerprint(file, defaults) if conn is not None and file.is_file() else ""
+    if conn is not None and fingerprint and conn.sismember(checked_key(settings.queue), fingerprint):
+        # the resume case: the same bytes with the same flags passed the check before
+        rows = total_rows or 0
+        click.echo(f"{file}: checked before (same content, same flags); not checked again", err=True)
+    else:
+        check = Progress("checking", total_rows, "rows")
+        rows = check_file(file, defaults, on_row=check.advance)
+        if conn is not None and fingerprint:
+            conn.sadd(checked_key(settings.queue), fingerprint)
     if opts["dry_run"]:
         chunks = -(-rows // settings.chunk_size)
         click.echo(
@@ -159,7 +171,12 @@ def enqueue(file: Path, **opts: Any) -> None:
 
     options = EnqueueOptions.from_settings(settings, output)
     bar = Progress("enqueue", rows, "rows")
-    report = Enqueuer(conn, settings.queue, options).enqueue(file, defaults, on_row=bar.update)
+    enqueuer = Enqueuer(conn, settings.queue, options)
+    enqueuer.on_wait = lambda queued: bar.update(
+        bar.done,
+        extra=f"· {queued} jobs queued (--max-queued): waiting for workers; Ctrl-C is safe, run again to resume",
+    )
+    report = enqueuer.enqueue(file, defaults, on_row=bar.update)
     bar.close()
     click.echo(
         f"{report.new_items} new"

@@ -9,6 +9,8 @@ resumes the campaign and adds nothing twice.
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,8 @@ class EnqueueOptions:
     job_timeout: int
     max_retries: int
     retry_intervals: tuple[int, ...]
+    #: at most this many jobs queued; 0: no limit
+    max_queued: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings, output: str) -> EnqueueOptions:
@@ -54,6 +58,7 @@ class EnqueueOptions:
             job_timeout=settings.job_timeout,
             max_retries=settings.max_retries,
             retry_intervals=tuple(settings.retry_intervals()),
+            max_queued=settings.max_queued,
         )
 
 
@@ -96,6 +101,17 @@ def check_file(path: Path, defaults: RowDefaults, on_row: Callable[[], None] | N
     if rows == 0:
         raise InputFileError(f"{path}: no rows with a prompt; nothing was enqueued")
     return rows
+
+
+def file_fingerprint(path: Path, defaults: RowDefaults) -> str:
+    """The content of ``path`` and the flags it is read with: a file with this fingerprint that
+    passed :func:`check_file` once passes it again (hashing 10^7 rows takes about a second;
+    checking them, about two minutes)."""
+    digest = hashlib.sha256(repr(defaults).encode())
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_output(location: str, endpoint_url: str = "") -> str:
@@ -153,6 +169,9 @@ class Enqueuer:
         self.items_key = items_key(queue_name)
         self.options = options
         self.report = EnqueueReport()
+        #: called with the queue's length while waiting for room (``max_queued``)
+        self.on_wait: Callable[[int], None] | None = None
+        self.sleep: Callable[[float], None] = time.sleep
         self._redo: set[str] = set()  # done items whose images are gone: made again
         self._store = Store(options.output, options.s3_endpoint_url) if is_url(options.output) else None
         self._output = Path(options.output)
@@ -231,6 +250,27 @@ class Enqueuer:
         return self.report
 
     def _queue(self, chunks: list[tuple[GenParams, list[tuple[str, PromptItem]]]]) -> None:
+        """Queue ``chunks``, no more at a time than :meth:`_room` allows."""
+        while chunks:
+            room = self._room()
+            self._claim(chunks[:room])
+            chunks = chunks[room:]
+
+    def _room(self) -> int:
+        """How many jobs may be queued now: wait while the queue holds ``max_queued`` jobs or
+        more (checked every second; the workers are taking them meanwhile)."""
+        limit = self.options.max_queued
+        if not limit:
+            return 1 << 30
+        delay = 0.05
+        while (queued := self.conn.llen(self.queue.key)) >= limit:
+            if self.on_wait:
+                self.on_wait(queued)
+            self.sleep(delay)
+            delay = min(1.0, delay * 2)
+        return limit - queued
+
+    def _claim(self, chunks: list[tuple[GenParams, list[tuple[str, PromptItem]]]]) -> None:
         """CLAIM each chunk (one pipeline); chunks that lost items to another producer are
         queued again without them."""
         while chunks:

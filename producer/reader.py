@@ -11,6 +11,7 @@ import csv
 import functools
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,10 @@ def file_format(path: Path) -> str:
     return fmt
 
 
+#: what surrogateescape turns a byte that is not UTF-8 into
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
 def read_rows(path: Path, defaults: RowDefaults) -> Iterator[Row | RowError]:
     """Yield each data row of ``path`` as a validated :class:`Row` or a :class:`RowError`."""
     fmt = file_format(path)
@@ -148,7 +153,7 @@ def _coerce(name: str, value: Any) -> Any:
     """Empty cells and JSON nulls mean "use the default"; strings from CSV become numbers."""
     if value is None or (isinstance(value, str) and value.strip() == "" and name != "prompt"):
         return None
-    if isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value):
+    if isinstance(value, str) and _UNDECODABLE.search(value):
         raise InvalidJobSpec(f"{name} is not valid UTF-8")
     if name in TEXT_COLUMNS:
         if not isinstance(value, str):

@@ -28,7 +28,7 @@ from rq.registry import (
 )
 from rq.serializers import JSONSerializer
 
-from common.queues import RECENT_WINDOW_S, enqueued_key, get_queue, images_key, paused_key, recent_key
+from common.queues import RECENT_WINDOW_S, enqueued_key, finished_key, get_queue, images_key, paused_key, recent_key
 from producer.progress import format_duration
 
 MAX_FAILURES_SHOWN = 5
@@ -171,11 +171,13 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
         pipe.zcard(FailedJobRegistry(**kw).key)
         pipe.get(images_key(queue_name))
         pipe.get(enqueued_key(queue_name))
+        pipe.get(finished_key(queue_name))
         now = time.time()
         pipe.zrangebyscore(recent_key(queue_name), now - RECENT_WINDOW_S, "+inf", withscores=True)
-        queued, running, scheduled, deferred, finished, failed, images, enqueued, recent = pipe.execute()
+        queued, running, scheduled, deferred, finished, failed, images, enqueued, counted, recent = pipe.execute()
     status.queued, status.running, status.scheduled = queued, running, scheduled + deferred
-    status.finished, status.failed = finished, failed
+    # RQ's registry keeps only the newest finished jobs (DIFFQ_KEEP_FINISHED); the counter has them all
+    status.finished, status.failed = max(finished, int(counted or 0)), failed
     status.images_written = int(images or 0)
     status.images_enqueued = int(enqueued or 0)
     status.jobs_per_s, status.images_per_s = rates(recent, now)

@@ -124,7 +124,7 @@ def test_group_is_a_torchrun_service_on_its_own_gpus():
     assert group["command"][group["command"].index("-m") + 1] == "worker.group"
     assert group["environment"]["CUDA_VISIBLE_DEVICES"] == "${DIFFQ_GROUP_GPUS:-4,5,6,7}"
     assert group["stop_grace_period"] == "5m" and group["restart"] == "unless-stopped"
-    assert "group" in re.search(r'pip install .*"\.\[([a-z,]+)\]"', (ROOT / "Dockerfile").read_text()).group(1)
+    assert "group" in re.search(r'pip install .*"\.\[([a-z0-9,]+)\]"', (ROOT / "Dockerfile").read_text()).group(1)
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -339,3 +339,10 @@ def _answers(url: str) -> bool:
         time.sleep(0.2)
         return False
     return True
+
+
+def test_the_image_installs_what_s3_outputs_need_at_the_pinned_versions():
+    extras = re.search(r'pip install .*"\.\[([a-z0-9,]+)\]"', (ROOT / "Dockerfile").read_text()).group(1)
+    assert "s3" in extras.split(",")
+    pins = (ROOT / "docker" / "constraints.txt").read_text()
+    assert "\ns3fs==" in pins and "\naiobotocore==" in pins and "\nbotocore==" in pins

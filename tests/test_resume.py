@@ -4,12 +4,17 @@ done nor queued, so a crashed campaign resumes by running the same command again
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import time
 
 import pytest
 from conftest import TINY_FLAGS, images_under, producer, run_worker, write_csv
 from rq.registry import FinishedJobRegistry
 
 from common.queues import get_queue, images_key
+from worker.output.images import remove_stale_temps, temp_dir, write_atomic
 
 pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
 
@@ -49,3 +54,29 @@ def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_
 
     final = producer(*args)
     assert "0 new, 8 already queued or done" in final.output
+
+
+def test_a_dead_writers_temp_file_is_removed_and_a_live_ones_kept(tmp_path):
+    """Temp files live in ``.diffq-tmp``, not among the images: finding a dead writer's
+    leftovers never lists an image folder of 40,000 files."""
+    image = tmp_path / "images" / "ab" / "ab12-0.png"
+    image.parent.mkdir(parents=True)
+    temps = temp_dir(tmp_path)
+    write_atomic(image, b"png", temps)
+    assert image.read_bytes() == b"png" and list(temps.iterdir()) == []
+    host = socket.gethostname().split(".")[0]
+    gone = _dead_pid()
+    dead = temps / f"ab12-0.png.{host}.{gone}.tmp"
+    live = temps / f"ab12-0.png.{host}.{os.getpid()}.tmp"
+    old = temps / "ab12-0.png.otherhost.1.tmp"
+    for path in (dead, live, old):
+        path.write_bytes(b"half")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert remove_stale_temps(image, temps) == 2
+    assert sorted(p.name for p in temps.iterdir()) == [live.name]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

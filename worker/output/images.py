@@ -1,7 +1,7 @@
 """Writing images and their metadata so that a crash never leaves a half-written file.
 
-An image is written to a temporary name in its final folder, flushed, then renamed: readers
-see either nothing or the whole PNG. ``metadata.jsonl`` gets one line per image, appended
+An image is written to a temporary name in the output's ``.diffq-tmp`` folder, flushed, then
+renamed into place: readers see either nothing or the whole PNG. ``metadata.jsonl`` gets one line per image, appended
 under an exclusive ``flock`` so several workers on one machine (or one NFS export with lock
 support) never interleave lines.
 """
@@ -35,6 +35,7 @@ SPACE_RESERVE = 1 << 20
 #: a temp file this old is a dead writer's, even on another host sharing the folder
 STALE_TEMP_S = 3600
 PROBE_BYTES = 64 << 10
+TEMP_DIR = ".diffq-tmp"
 
 
 def png_bytes(image: Image.Image, params: dict[str, Any]) -> bytes:
@@ -58,9 +59,17 @@ def _host() -> str:
     return socket.gethostname().split(".")[0]
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to ``.<name>.<host>.<pid>.tmp`` beside ``path``, fsync, rename: a reader sees all or nothing."""
-    tmp = path.with_name(f".{path.name}.{_host()}.{os.getpid()}.tmp")
+def temp_dir(output: Path) -> Path:
+    """Where writers of ``output`` keep their temp files: one small folder, so looking for a
+    dead writer's leftovers never lists an image folder (at 10^7 images each of the 256 holds
+    ~40,000 files). Same filesystem as the images, so the rename is atomic."""
+    return output / TEMP_DIR
+
+
+def write_atomic(path: Path, data: bytes, temps: Path) -> None:
+    """Write to ``<temps>/<name>.<host>.<pid>.tmp``, fsync, rename to ``path``: a reader sees all or nothing."""
+    temps.mkdir(exist_ok=True)
+    tmp = temps / f"{path.name}.{_host()}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
@@ -125,14 +134,16 @@ def probe_output(output: Path, needed: int) -> None:
     check_space(output, needed)
 
 
-def remove_stale_temps(path: Path) -> int:
-    """Delete temp files that dead writers left for ``path``: a process of this host that is
-    gone, or anything older than :data:`STALE_TEMP_S`. A live writer's temp file is left
-    alone (it may be a stalled worker finishing the same image)."""
+def remove_stale_temps(path: Path, temps: Path) -> int:
+    """Delete temp files that dead writers left for ``path`` in ``temps``: a process of this
+    host that is gone, or anything older than :data:`STALE_TEMP_S`. A live writer's temp file
+    is left alone (it may be a stalled worker finishing the same image)."""
     removed = 0
     host = _host()
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        parts = stale.name[len(path.name) + 2 : -len(".tmp")].rsplit(".", 1)
+    if not temps.is_dir():
+        return 0
+    for stale in temps.glob(f"{path.name}.*.tmp"):
+        parts = stale.name[len(path.name) + 1 : -len(".tmp")].rsplit(".", 1)
         mine = len(parts) == 2 and parts[0] == host and parts[1].isdigit()
         try:
             old = time.time() - stale.stat().st_mtime > STALE_TEMP_S

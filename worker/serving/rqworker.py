@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import redis
 from rq import SimpleWorker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import StopRequested
@@ -52,7 +53,7 @@ from rq.utils import now
 from rq.worker import WorkerStatus
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
-from common.queues import paused_key
+from common.queues import paused_key, retire_finished
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
@@ -355,6 +356,9 @@ class DiffqWorker(SimpleWorker):
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any) -> None:
         self._give_backs = 0
         super().handle_job_success(job, queue, started_job_registry)
+        keep = self.runtime.settings.keep_finished if self.runtime else 0
+        with suppress(redis.RedisError):  # bookkeeping only: the job is done and recorded
+            retire_finished(self.connection, queue.name, keep)
 
     def _unavailable(self, job: Job, queue: Queue, exc: WorkerUnavailable) -> None:
         if isinstance(exc, NotServedHere):

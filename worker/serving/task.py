@@ -37,6 +37,7 @@ from worker.output.images import (
     png_bytes,
     prepare_output,
     remove_stale_temps,
+    temp_dir,
     unavailable,
     write_atomic,
 )
@@ -190,7 +191,7 @@ def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Pat
                 plan.existing.append((key, item, index))
             else:
                 if isinstance(output, Path):
-                    remove_stale_temps(output / rel)
+                    remove_stale_temps(output / rel, temp_dir(output))
                 plan.todo.append((key, item, index))
     return plan
 
@@ -257,7 +258,7 @@ def _save(
         assert isinstance(output, Path)
         path = output / record["file_name"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, png_bytes(image, record))
+        write_atomic(path, png_bytes(image, record), temp_dir(output))
 
     if isinstance(output, Store):
         with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
