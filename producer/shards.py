@@ -9,7 +9,8 @@
 - **imagefolder**: ``NNNNNN/`` with the PNGs and a ``metadata.jsonl`` whose ``file_name`` is
   relative to it: ``datasets.load_dataset("imagefolder", data_dir=DEST)`` reads all shards.
 
-Images are streamed in (a batch at a time), so memory holds one batch, never a shard.
+Images are streamed in (a batch at a time), so memory holds one batch (one Parquet row group,
+at most 64 MiB of images), never a shard.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from common.errors import ConfigError
 from common.storage import Store
 
 FORMATS = ("webdataset", "parquet", "imagefolder")
+#: image bytes buffered before a Parquet row group is written (memory holds at most this much)
+ROW_GROUP_BYTES = 64 << 20
 
 #: the columns every exported image carries, with their Arrow/Hugging Face types
 COLUMNS: dict[str, str] = {
@@ -117,6 +120,8 @@ class ShardWriter:
             raise ConfigError("--format parquet needs pyarrow: pip install 'diffq[parquet]'") from None
         schema = _schema(pa, self.grouped)
         tmp = folder / f"{name}.parquet"
+        pending: list[dict[str, Any]] = []
+        size = 0
         with pq.ParquetWriter(tmp, schema, compression="NONE") as out:  # PNG bytes do not compress
             for sample, blobs in batches:
                 present = [(r, b) for r, b in zip(sample, blobs, strict=True) if b is not None]
@@ -133,7 +138,13 @@ class ShardWriter:
                     rows = [row]
                 else:
                     rows = [{"image": {"bytes": b, "path": sample_key(r) + ".png"}, **columns(r)} for r, b in present]
-                out.write_table(pa.Table.from_pylist(rows, schema=schema))
+                pending += rows
+                size += sum(len(b) for _, b in present)
+                if size >= ROW_GROUP_BYTES:  # one row group per ~64 MiB of images: few, big groups
+                    out.write_table(pa.Table.from_pylist(pending, schema=schema))
+                    pending, size = [], 0
+            if pending:
+                out.write_table(pa.Table.from_pylist(pending, schema=schema))
         dest.put_file(f"{name}.parquet", tmp)
 
     # -- imagefolder ---------------------------------------------------------------------
