@@ -87,13 +87,48 @@ def upload(records: list[dict], local: Path, endpoint: str, bucket: str) -> floa
     return time.perf_counter() - started
 
 
+def merge_only(lines: int, out_path: Path) -> None:
+    """Step 1 and 2 of an export alone (merge, external sort, dedup) on ``lines`` synthetic
+    metadata lines in one metadata.jsonl, with the default sort buffer; no images are read."""
+    import resource
+
+    from synthetic import record
+
+    from common.storage import Store
+    from producer.export import ExportOptions, ExportReport, sorted_records
+
+    work = Path(tempfile.mkdtemp(prefix="diffq-merge-bench-"))
+    try:
+        with open(work / "metadata.jsonl", "w", encoding="utf-8") as meta:
+            for i in range(lines):
+                meta.write(json.dumps(record(i, lines // 2), sort_keys=True) + "\n")
+        size = (work / "metadata.jsonl").stat().st_size
+        report = ExportReport()
+        started = time.perf_counter()
+        merged = sorted_records(Store(str(work)), ExportOptions(format="webdataset"), work, report)
+        seconds = time.perf_counter() - started
+        line = {"case": "merge + sort + dedup", "lines": lines, "metadata_mb": round(size / 1e6, 1),
+                "seconds": round(seconds, 1), "lines_per_s": round(lines / seconds),
+                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                "merged_mb": round(merged.stat().st_size / 1e6, 1)}  # fmt: skip
+        print(json.dumps(line), flush=True)
+        with open(out_path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=100_000)
     parser.add_argument("--s3-images", type=int, default=None, help="images for the S3 cases (default: --images)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--merge-lines", type=int, help="only time the metadata merge and sort of this many lines")
     args = parser.parse_args()
+    if args.merge_lines:
+        merge_only(args.merge_lines, args.out)
+        return
     work = Path(tempfile.mkdtemp(prefix="diffq-export-bench-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
     results = []
