@@ -67,11 +67,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--speedups", default="vae-fp16", help="the worker's levers, comma-separated")
     args = ap.parse_args()
     import diffusers
 
     params = GenParams(model="sdxl-random", width=args.size, height=args.size, steps=args.steps, guidance=5.0)
-    setting = {"batch": args.batch, "steps": args.steps, "size": args.size, "guidance": 5.0, "speedups": "vae-fp16"}
+    setting = {"batch": args.batch, "steps": args.steps, "size": args.size, "guidance": 5.0, "speedups": args.speedups}
     emit(
         args.out,
         {
@@ -84,14 +85,16 @@ def main() -> None:
     )
     pipe = sdxl_random("cuda", torch.float16)
     pipe.set_progress_bar_config(disable=True)
-    apply_speedups(pipe, Speedups(frozenset({"vae-fp16"})))
+    apply_speedups(pipe, Speedups(frozenset(args.speedups.split(","))))
     prompts, seeds = PROMPTS[: args.batch], list(range(args.batch))
 
     def batch():
         return run_batch(pipe, params, prompts, [""] * args.batch, seeds)
 
-    batch()  # warm-up: cudnn autotune, allocator
+    started = time.perf_counter()
+    batch()  # warm-up: cudnn autotune, allocator, compile
     torch.cuda.synchronize()
+    emit(args.out, {"kind": "warmup", **setting, "seconds": round(time.perf_counter() - started, 1)})
     started = time.perf_counter()
     result = batch()
     torch.cuda.synchronize()
