@@ -26,9 +26,15 @@ from conftest import (
     write_csv,
 )
 from PIL import Image
+from rq.job import Job
 from rq.registry import FailedJobRegistry
+from rq.serializers import JSONSerializer
 
+import worker.serving.task as task
+from common.jobspec import JobSpec
+from common.ledger import Ledger
 from common.queues import get_queue, images_key
+from common.storage import Store
 from producer.status import collect
 
 
@@ -219,3 +225,31 @@ def test_a_worker_that_loses_the_endpoint_pauses_and_resumes_without_failing_job
     assert "Traceback" not in text
     assert FailedJobRegistry("diffq", connection=conn).count == 0
     assert_exactly_once_in_bucket(s3_server, bucket, 12)
+
+
+def test_an_execution_that_loses_its_job_while_writing_its_part_withdraws_it(
+    env, conn, tmp_path, s3_server, bucket, monkeypatch
+):
+    """The narrow window: BEGIN passed, the part is PUT, and the job is taken away before COMMIT.
+    COMMIT refuses (the real script), and the part is deleted from the real bucket."""
+    url = f"s3://{bucket}/out"
+    assert producer("enqueue", prompts(tmp_path, 2), *TINY_FLAGS, "--output", url).exit_code == 0
+    job = Job.fetch(get_queue("diffq", conn).job_ids[0], connection=conn, serializer=JSONSerializer)
+    execution = f"{job.id}:exec1"
+    conn.zadd(job.started_job_registry.key, {execution: 9e9})
+    chunk = JobSpec.from_dict(job.kwargs["spec"])
+    store = Store(url, s3_server.endpoint)
+    plan = task._plan(conn, "diffq", chunk, store)
+    records = [task._item_record(chunk, item, key, i) for key, item, i in plan.todo]
+    real_commit = Ledger.commit
+
+    def taken_away_then_commit(self, **kwargs):
+        assert any(k.startswith("out/metadata/") for k in s3_objects(s3_server, bucket, "out/"))  # the part is there
+        conn.zrem(job.started_job_registry.key, execution)  # its heartbeat expired meanwhile
+        return real_commit(self, **kwargs)
+
+    monkeypatch.setattr(Ledger, "commit", taken_away_then_commit)
+    with pytest.raises(task.JobLost, match="withdrawn"):
+        task._record(conn, "diffq", job, execution, chunk, plan, store, records, 0.0)
+    assert not [k for k in s3_objects(s3_server, bucket, "out/") if k.startswith("out/metadata/")]
+    assert conn.get(images_key("diffq")) is None  # nothing counted
