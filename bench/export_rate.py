@@ -124,6 +124,8 @@ def main() -> None:
     parser.add_argument("--s3-images", type=int, default=None, help="images for the S3 cases (default: --images)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--formats", default="webdataset,parquet", help="local -> local cases to run")
+    parser.add_argument("--skip-group", action="store_true")
     parser.add_argument("--merge-lines", type=int, help="only time the metadata merge and sort of this many lines")
     args = parser.parse_args()
     if args.merge_lines:
@@ -145,14 +147,18 @@ def main() -> None:
         records = write_local(src, args.images)
         record("write synthetic output", seconds=round(time.perf_counter() - started, 1), png_bytes=len(png(0)))
         cli = [sys.executable, "-m", "producer", "export"]
-        for fmt in ("webdataset", "parquet"):
+        for fmt in args.formats.split(","):
             r = run([*cli, str(src), "--to", str(work / f"local-{fmt}"), "--format", fmt], env)
             record(f"local -> local {fmt}", **r, images_per_s=round(args.images / r["seconds"], 1))
             shutil.rmtree(work / f"local-{fmt}")
-        r = run([*cli, str(src), "--to", str(work / "group"), "--format", "webdataset", "--group-by", "prompt"], env)
-        record("local -> local webdataset --group-by prompt", **r, images_per_s=round(args.images / r["seconds"], 1))
-        r = run([*cli, str(src), "--to", str(work / "group"), "--format", "webdataset", "--group-by", "prompt"], env)
-        record("the same again (every shard kept)", **r, images_per_s=round(args.images / r["seconds"], 1))
+        if not args.skip_group:
+            group = [*cli, str(src), "--to", str(work / "group"), "--format", "webdataset", "--group-by", "prompt"]
+            r = run(group, env)
+            record(
+                "local -> local webdataset --group-by prompt", **r, images_per_s=round(args.images / r["seconds"], 1)
+            )
+            r = run(group, env)
+            record("the same again (every shard kept)", **r, images_per_s=round(args.images / r["seconds"], 1))
         if not args.skip_s3:
             n = args.s3_images or args.images
             port = free_port()
