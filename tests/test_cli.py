@@ -30,6 +30,12 @@ def test_one_finished_job_gives_a_rate_and_parallel_workers_add_up():
     assert rates(two, now) == (2 / 10.0, 16 / 10.0)
 
 
+def test_rates_from_a_sample_of_a_busy_window_match_the_whole_window():
+    now = 10_000.0
+    recent = [(f"dq{i}:8:5.0".encode(), now - 600 + i * 0.01) for i in range(60_000)]  # 100 jobs/s
+    assert rates(recent[:5000], now, total=60_000) == pytest.approx(rates(recent, now))
+
+
 def test_eta_counts_images_left_including_what_running_jobs_have_done():
     st = QueueStatus(queue="q", queued=2, running=1, images_enqueued=40, images_written=16, images_per_s=2.0)
     st.running_jobs = [RunningJob("dqx", "w", step=15, steps=30, images=8)]  # half of 8 images
