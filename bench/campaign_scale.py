@@ -211,8 +211,10 @@ def main() -> None:
             str(work / "out"),
         ]
         t0 = time.perf_counter()
+        # its progress goes to a file: a pipe nobody reads until the end fills up and stops it
+        progress_log = open(work / "enqueue.progress", "w")  # noqa: SIM115
         producer = subprocess.Popen(
-            enqueue_cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            enqueue_cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=progress_log, text=True
         )
         peak_rss: list[float] = []
         stop = threading.Event()
@@ -237,7 +239,8 @@ def main() -> None:
         producer.returncode = os.waitstatus_to_exitcode(status)
         peak_rss.append(usage.ru_maxrss / 1024)
         said = producer.stdout.read().strip().splitlines()
-        progress = producer.stderr.read().strip().splitlines()
+        progress_log.close()
+        progress = (work / "enqueue.progress").read_text().strip().splitlines()
         emit(
             "enqueue finished",
             seconds=round(time.perf_counter() - t0, 1),
