@@ -4,6 +4,7 @@ boto3 rather than the code under test."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import socket
@@ -31,11 +32,13 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
 import worker.serving.task as task
+from common.errors import OutputUnavailable
 from common.jobspec import JobSpec
 from common.ledger import Ledger
 from common.queues import get_queue, images_key
 from common.storage import Store
 from producer.status import collect
+from worker.output.objects import existing
 
 
 def prompts(tmp_path, n: int, name: str = "p.csv"):
@@ -253,3 +256,17 @@ def test_an_execution_that_loses_its_job_while_writing_its_part_withdraws_it(
         task._record(conn, "diffq", job, execution, chunk, plan, store, records, 0.0)
     assert not [k for k in s3_objects(s3_server, bucket, "out/") if k.startswith("out/metadata/")]
     assert conn.get(images_key("diffq")) is None  # nothing counted
+
+
+def test_a_worker_without_s3fs_pauses_instead_of_failing_the_job(tmp_path, monkeypatch):
+    """A worker's missing package is its environment: one line, a pause, no failed job."""
+    real_import = builtins.__import__
+
+    def no_s3fs(name, *args, **kwargs):
+        if name == "s3fs":
+            raise ImportError("No module named 's3fs'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_s3fs)
+    with pytest.raises(OutputUnavailable, match=r"needs s3fs: pip install 'diffq\[s3\]'"):
+        existing(Store("s3://some-bucket/out"), ["images/ab/x-0.png"])

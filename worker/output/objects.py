@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import Any
 
-from common.errors import OutputNotWritable, OutputUnavailable
+from common.errors import ConfigError, OutputNotWritable, OutputUnavailable
 from common.storage import PARALLEL, Store, problem
 
 
@@ -34,7 +34,8 @@ def prepare_store(location: str, allowed_root: str = "", endpoint_url: str = "")
 def unavailable(store: Store, exc: BaseException) -> OutputUnavailable | None:
     """The worker-side error for a storage failure (endpoint gone, credentials, bucket), or None
     when ``exc`` is not about the storage."""
-    line = problem(exc, store.location, store.endpoint_url)
+    # s3fs missing on this worker is its environment too: pause and say so, fail no job
+    line = str(exc) if isinstance(exc, ConfigError) else problem(exc, store.location, store.endpoint_url)
     if line is None:
         return None
     return OutputUnavailable(f"{line} (from this worker)", output=store.location)
