@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--drivers", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--enqueue-only", action="store_true", help="time the producer alone on --rows new rows")
     parser.add_argument("--drive", help=argparse.SUPPRESS)  # internal: run one driver against this URL
     parser.add_argument("--name", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -189,6 +190,37 @@ def main() -> None:
             file_mb=round(rows.stat().st_size / 1e6, 1),
         )
         emit("status at 0%", **status_latency())
+        if args.enqueue_only:
+            cmd = [
+                sys.executable,
+                "-m",
+                "producer",
+                "enqueue",
+                str(rows),
+                "--model",
+                "tiny",
+                "--output",
+                str(work / "out"),
+                "--max-queued",
+                "0",
+            ]
+            for label in ("enqueue alone, new rows (check pass included)", "the same file again, all queued"):
+                t = time.perf_counter()
+                proc = subprocess.Popen(
+                    cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                )
+                _, status, usage = os.wait4(proc.pid, 0)
+                seconds = time.perf_counter() - t
+                emit(
+                    label,
+                    rows=args.rows,
+                    seconds=round(seconds, 1),
+                    rows_per_s=round(args.rows / seconds),
+                    rc=os.waitstatus_to_exitcode(status),
+                    producer_peak_rss_mib=round(usage.ru_maxrss / 1024, 1),
+                    said=proc.stdout.read().strip()[-200:],
+                )
+            return
         for i in range(args.drivers):
             cmd = [sys.executable, __file__, "--out", "/dev/null", "--drive", url, "--name", f"driver{i}"]
             log = work / f"driver{i}.log"
