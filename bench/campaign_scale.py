@@ -110,6 +110,22 @@ def write_rows(path: Path, rows: int) -> None:
         out.writelines(block)
 
 
+def timed_enqueue(cmd: list[str], env: dict[str, str], rows: int) -> dict:
+    """Run one ``producer enqueue``: its wall time, rate, exit status, peak RSS and last words."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    return {
+        "rows": rows,
+        "seconds": round(seconds, 1),
+        "rows_per_s": round(rows / seconds),
+        "rc": os.waitstatus_to_exitcode(status),
+        "producer_peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+        "said": proc.stdout.read().strip()[-300:],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -204,22 +220,8 @@ def main() -> None:
                 "--max-queued",
                 "0",
             ]
-            for label in ("enqueue alone, new rows (check pass included)", "the same file again, all queued"):
-                t = time.perf_counter()
-                proc = subprocess.Popen(
-                    cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-                )
-                _, status, usage = os.wait4(proc.pid, 0)
-                seconds = time.perf_counter() - t
-                emit(
-                    label,
-                    rows=args.rows,
-                    seconds=round(seconds, 1),
-                    rows_per_s=round(args.rows / seconds),
-                    rc=os.waitstatus_to_exitcode(status),
-                    producer_peak_rss_mib=round(usage.ru_maxrss / 1024, 1),
-                    said=proc.stdout.read().strip()[-200:],
-                )
+            emit("enqueue alone, new rows (check pass included)", **timed_enqueue(cmd, env, args.rows))
+            emit("the same file again, all queued", **timed_enqueue(cmd, env, args.rows))
             return
         for i in range(args.drivers):
             cmd = [sys.executable, __file__, "--out", "/dev/null", "--drive", url, "--name", f"driver{i}"]
@@ -321,20 +323,7 @@ def main() -> None:
         # no image was written, so a producer that sees the (empty) output folder would make them all
         # again; without it, it trusts Redis, as a producer on another host than the workers does
         shutil.rmtree(work / "out", ignore_errors=True)
-        t = time.perf_counter()
-        again = subprocess.Popen(
-            enqueue_cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        _, status, usage = os.wait4(again.pid, 0)
-        seconds = time.perf_counter() - t
-        emit(
-            "re-enqueue of the done file",
-            seconds=round(seconds, 1),
-            rows_per_s=round(args.rows / seconds),
-            rc=os.waitstatus_to_exitcode(status),
-            producer_peak_rss_mib=round(usage.ru_maxrss / 1024, 1),
-            said=again.stdout.read().strip()[-300:],
-        )
+        emit("re-enqueue of the done file", **timed_enqueue(enqueue_cmd, env, args.rows))
         stop.set()
     finally:
         for proc in drivers:
