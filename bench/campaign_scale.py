@@ -206,20 +206,10 @@ def main() -> None:
             file_mb=round(rows.stat().st_size / 1e6, 1),
         )
         emit("status at 0%", **status_latency())
+        enqueue_cmd = [sys.executable, "-m", "producer", "enqueue", str(rows), "--model", "tiny", "--width", "64",
+                       "--height", "64", "--steps", "2", "--output", str(work / "out")]  # fmt: skip
         if args.enqueue_only:
-            cmd = [
-                sys.executable,
-                "-m",
-                "producer",
-                "enqueue",
-                str(rows),
-                "--model",
-                "tiny",
-                "--output",
-                str(work / "out"),
-                "--max-queued",
-                "0",
-            ]
+            cmd = [*enqueue_cmd, "--max-queued", "0"]
             emit("enqueue alone, new rows (check pass included)", **timed_enqueue(cmd, env, args.rows))
             emit("the same file again, all queued", **timed_enqueue(cmd, env, args.rows))
             return
@@ -227,23 +217,6 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--out", "/dev/null", "--drive", url, "--name", f"driver{i}"]
             log = work / f"driver{i}.log"
             drivers.append(subprocess.Popen(f"exec {' '.join(cmd)} 2> {log}", shell=True, env=env, cwd=ROOT))
-        enqueue_cmd = [
-            sys.executable,
-            "-m",
-            "producer",
-            "enqueue",
-            str(rows),
-            "--model",
-            "tiny",
-            "--width",
-            "64",
-            "--height",
-            "64",
-            "--steps",
-            "2",
-            "--output",
-            str(work / "out"),
-        ]
         t0 = time.perf_counter()
         # its progress goes to a file: a pipe nobody reads until the end fills up and stops it
         progress_log = open(work / "enqueue.progress", "w")  # noqa: SIM115

@@ -33,6 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_server(proc: subprocess.Popen | None) -> None:
+    """SIGTERM a server the tests started, and wait for it to go."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        proc.wait(10)
+
+
 @dataclass
 class RedisServer:
     port: int
@@ -63,9 +70,7 @@ class RedisServer:
         pytest.fail(f"redis-server did not answer on port {self.port}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        stop_server(self.proc)
         self.proc = None
 
 
@@ -270,9 +275,7 @@ class S3Server:
         }
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        stop_server(self.proc)
         self.proc = None
 
 
