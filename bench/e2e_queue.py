@@ -2,7 +2,11 @@
 
 For each GPU count it enqueues ``--images-per-gpu × N`` prompts (sdxl-random, 1024², 30 steps,
 CFG 5.0), runs one pinned worker per GPU in burst mode with the model preloaded, and reads
-throughput from RQ's own job timestamps. One JSON line per run goes to ``--out``.
+throughput from RQ's own job timestamps. One JSON line per run goes to ``--out``, naming the
+GPU, the versions and every setting.
+
+``--adapters none,/tmp/a,/tmp/b`` gives the chunks those adapters in turn (a block of
+``--chunk`` rows each), so consecutive jobs switch adapter; ``--tag`` labels the record.
 
     python3 bench/e2e_queue.py --out $OUT/queue.jsonl --gpu-counts 1,2,4 --chunk 8
 """
@@ -28,14 +32,46 @@ sys.path.insert(0, str(ROOT))
 from common.queues import get_queue  # noqa: E402
 
 
+def environment() -> dict:
+    """The GPU and versions a record was measured with (read in this process, not the worker's)."""
+    import diffusers
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"gpu_name": gpu, "torch": torch.__version__, "diffusers": diffusers.__version__}
+
+
+def write_prompts(csv: Path, n_images: int, adapters: list[str], chunk: int) -> None:
+    """``n_images`` rows; with adapters, each block of ``chunk`` rows takes the next one."""
+    if not adapters:
+        csv.write_text("prompt\n" + "".join(f'"benchmark prompt {i}, a red fox in snow"\n' for i in range(n_images)))
+        return
+    rows = []
+    for i in range(n_images):
+        adapter = adapters[(i // chunk) % len(adapters)]
+        rows.append(f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter}\n')
+    csv.write_text("prompt,adapter\n" + "".join(rows))
+
+
+def after_last_compile(ordered: list[Job]) -> float | None:
+    """Images/s over the jobs after the last one that built a graph (one worker's runs)."""
+    last = max((i for i, j in enumerate(ordered) if j.return_value().get("compiles")), default=0)
+    rest = ordered[last + 1 :]
+    if len(rest) < 2:
+        return None
+    span = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
+    return round(sum(len(j.return_value()["files"]) for j in rest) / span, 4)
+
+
 def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
-    queue_name = f"bench{gpus}"
+    queue_name = f"bench{gpus}{args.tag.replace('-', '')}"
     conn.flushdb()  # a warm machine keeps the last run's Redis: start from nothing
     out_dir = Path(args.work) / queue_name
     shutil.rmtree(out_dir, ignore_errors=True)
     csv = Path(args.work) / f"{queue_name}.csv"
     n_images = args.images_per_gpu * gpus
-    csv.write_text("prompt\n" + "".join(f'"benchmark prompt {i}, a red fox in snow"\n' for i in range(n_images)))
+    adapters = [a for a in args.adapters.split(",") if a]
+    write_prompts(csv, n_images, adapters, args.chunk)
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue_name, "PYTHONUNBUFFERED": "1"}
     subprocess.run(
         [
@@ -100,11 +136,23 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             wspan = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
             steady += sum(len(j.return_value()["files"]) for j in rest) / wspan
     timings = [j.return_value()["timings"] for j in jobs]
+    ordered = sorted(jobs, key=lambda j: j.started_at)
     record = {
         "kind": "queue",
+        "tag": args.tag,
+        **environment(),
         "gpus": gpus,
         "chunk": args.chunk,
         "speedups": args.speedups,
+        "model": "sdxl-random",
+        "size": 1024,
+        "steps": args.steps,
+        "guidance": 5.0,
+        "adapters": adapters,
+        "compiles_first_job": ordered[0].return_value().get("compiles"),
+        "compiles_after_first_job": sum(j.return_value().get("compiles", 0) for j in ordered[1:]),
+        "steady_after_last_compile_img_per_s": after_last_compile(ordered),
+        "fp16_redo_images": sum(j.return_value().get("fp16_redo", 0) for j in jobs),
         "exit_code": proc.returncode,
         "jobs": len(jobs),
         "images": images,
@@ -116,6 +164,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "median_job_s": round(sorted(e - s for s, e in zip(starts, ends, strict=True))[len(jobs) // 2], 3),
         "median_save_s": round(sorted(t["save_s"] for t in timings)[len(timings) // 2], 4),
         "median_decode_s": round(sorted(t["decode_s"] for t in timings)[len(timings) // 2], 4),
+        "median_denoise_s": round(sorted(t["denoise_s"] for t in timings)[len(timings) // 2], 4),
+        "median_total_s": round(sorted(t["total_s"] for t in timings)[len(timings) // 2], 4),
         "workers": sorted(per_worker),
     }
     return record
@@ -133,6 +183,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--speedups", default="auto")
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     conn = redis.Redis.from_url(args.redis_url)

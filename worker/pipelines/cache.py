@@ -25,9 +25,10 @@ from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from worker.pipelines import models
-from worker.pipelines.generate import BatchResult, run_split
+from worker.pipelines.adapters import MergedAdapters
+from worker.pipelines.generate import BatchResult, run_batch, run_split
 from worker.pipelines.loading import download_progress
-from worker.pipelines.speedups import Speedups
+from worker.pipelines.speedups import Speedups, graphs_compiled, warm_up
 from worker.pipelines.speedups import apply as apply_speedups
 
 log = logging.getLogger("diffq.worker")
@@ -61,7 +62,8 @@ class LoadedPipeline:
     model: str
     load_seconds: float
     adapters: dict[str, str] = field(default_factory=dict)  # adapter spec -> adapter name in peft
-    active: str | None = None
+    merged: MergedAdapters | None = None
+    warm: set[tuple[int, int]] = field(default_factory=set)  # image sizes compiled for
 
 
 class PipelineCache:
@@ -161,23 +163,28 @@ class PipelineCache:
     ) -> tuple[BatchResult, int]:
         """A job's images from this process's pipeline. An xDiT group's rank 0 implements the same
         :class:`~worker.pipelines.backend.GenerationBackend` call over every rank (:mod:`worker.group`)."""
-        return run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch=max_batch, on_step=on_step)
+        before = graphs_compiled()
+        if self.speedups.compiles and (params.width, params.height) not in loaded.warm:
+            warm_up(loaded.pipe, params, min(max_batch, len(prompts)), run=run_batch)
+            loaded.warm.add((params.width, params.height))
+        result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch=max_batch, on_step=on_step)
+        result.compiles = graphs_compiled() - before
+        return result, fitted
 
     def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
-        """Make ``adapter`` (or none) active at ``scale``; load it the first time it is named."""
-        pipe = loaded.pipe
+        """Make ``adapter`` (or none) the one merged into the weights at ``scale``; load it the
+        first time it is named (see :mod:`worker.pipelines.adapters` for why merged)."""
         if adapter is None:
-            if loaded.active is not None:
-                pipe.disable_lora()
-                loaded.active = None
+            if loaded.merged is not None:
+                loaded.merged.use(None, scale)
             return
+        if loaded.merged is None:
+            loaded.merged = MergedAdapters(loaded.pipe)
         name = loaded.adapters.get(adapter)
         if name is None:
+            loaded.merged.restore()  # the new adapter wraps pristine weights
             name = self._load_adapter(loaded, adapter)
-        if loaded.active is None:
-            pipe.enable_lora()
-        pipe.set_adapters([name], adapter_weights=[scale])
-        loaded.active = name
+        loaded.merged.use(name, scale)
 
     def _load_adapter(self, loaded: LoadedPipeline, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()

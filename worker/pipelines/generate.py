@@ -28,6 +28,10 @@ class BatchResult:
     encode_s: float
     denoise_s: float
     decode_s: float
+    #: images whose FP8 denoise was not finite and were denoised again in fp16
+    fp16_redo: int = 0
+    #: graphs torch.compile built during this call (0 on a warm worker)
+    compiles: int = 0
 
 
 def _sync(device: torch.device) -> None:
@@ -62,21 +66,33 @@ def run_batch(
     _sync(device)
     encoded = time.perf_counter()
 
-    # 2. Denoise to latents, reporting each step
-    generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
-    latents = pipe(
-        prompt_embeds=embeds,
-        negative_prompt_embeds=neg_embeds,
-        pooled_prompt_embeds=pooled,
-        negative_pooled_prompt_embeds=neg_pooled,
-        width=params.width,
-        height=params.height,
-        num_inference_steps=params.steps,
-        guidance_scale=params.guidance,
-        generator=generators,
-        callback_on_step_end=_step_callback(on_step, params.steps),
-        output_type="latent",
-    ).images
+    # 2. Denoise to latents, reporting each step; FP8 latents that are not finite: again in fp16
+    def denoise() -> torch.Tensor:
+        return pipe(
+            prompt_embeds=embeds,
+            negative_prompt_embeds=neg_embeds,
+            pooled_prompt_embeds=pooled,
+            negative_pooled_prompt_embeds=neg_pooled,
+            width=params.width,
+            height=params.height,
+            num_inference_steps=params.steps,
+            guidance_scale=params.guidance,
+            generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
+            callback_on_step_end=_step_callback(on_step, params.steps),
+            output_type="latent",
+        ).images
+
+    latents = denoise()
+    redo = 0
+    fallback = getattr(pipe, "diffq_fp16_unet", None)
+    if fallback is not None and not torch.isfinite(latents).all():
+        log.warning("FP8 denoise of %d image(s) was not finite; denoising them again in fp16", len(seeds))
+        quantized, pipe.unet = pipe.unet, fallback
+        try:
+            latents = denoise()
+        finally:
+            pipe.unet = quantized
+        redo = len(seeds)
     _sync(device)
     denoised = time.perf_counter()
 
@@ -84,7 +100,11 @@ def run_batch(
     images = pipe.image_processor.postprocess(decode(pipe, latents), output_type="pil")
     finished = time.perf_counter()
     return BatchResult(
-        images=images, encode_s=encoded - started, denoise_s=denoised - encoded, decode_s=finished - denoised
+        images=images,
+        encode_s=encoded - started,
+        denoise_s=denoised - encoded,
+        decode_s=finished - denoised,
+        fp16_redo=redo,
     )
 
 
@@ -198,6 +218,7 @@ def run_split(
         total.encode_s += result.encode_s
         total.denoise_s += result.denoise_s
         total.decode_s += result.decode_s
+        total.fp16_redo += result.fp16_redo
     total.images = [images[i] for i in range(len(prompts))] if images else []
     return total, fitted
 

@@ -1,13 +1,24 @@
 """Pipeline speed levers, each a switch in ``DIFFQ_SPEEDUPS`` / ``worker run --speedups``.
 
-The defaults are what docs/benchmarks.md measured on H100/H200: each lever stays on only
-if it paid for itself there. Every lever keeps the output within fp16 tolerance of the
-plain pipeline; ``vae-fp16`` additionally falls back to an fp32 decode for any batch whose
+The defaults are what docs/benchmarks.md measured on H100/H200: each lever is on by default
+only if it paid for itself there. Every default lever keeps the output within fp16 tolerance of
+the plain pipeline; ``vae-fp16`` additionally falls back to an fp32 decode for any batch whose
 fp16 decode is not finite (the stock SDXL VAE overflows in fp16; fixed VAEs do not).
+
+The compile levers compile regions of SDXL's UNet (its repeated blocks, its ResNet blocks).
+Their kernels persist in the model cache (``TORCHINDUCTOR_CACHE_DIR``), so a worker restarted on
+the same host compiles from cache; :func:`warm_up` then makes the batch dimension dynamic
+before the first job, so a short tail chunk or a batch the OOM splitter halved runs on a graph
+that already exists instead of compiling one mid-campaign.
+
+``fp8`` (opt-in, Hopper only) quantizes the UNet's wide linear layers to FP8 with torchao and
+keeps the fp16 UNet beside it: a batch whose FP8 latents are not finite is denoised again in
+fp16, and the job's result says so.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -15,13 +26,22 @@ from typing import Any
 
 import torch
 
+from common.errors import ConfigError
+from common.jobspec import GenParams
 from common.presets import SPEEDUP_LEVERS, speedup_names
 
 log = logging.getLogger("diffq.worker")
 
 LEVERS = SPEEDUP_LEVERS
 #: chosen by the measurements in docs/benchmarks.md (CUDA only; the CPU runs the plain pipeline)
-CUDA_DEFAULT = ("vae-fp16",)
+CUDA_DEFAULT = ("vae-fp16", "compile-blocks", "compile-resnets")
+COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets"})
+#: torchao's FP8 matmuls need Hopper (sm_90) or newer
+FP8_CAPABILITY = (9, 0)
+#: linear layers narrower than this stay fp16: quantizing activations costs more than FP8 saves
+FP8_MIN_FEATURES = 640
+#: the denoising steps of a warm-up batch (enough for every graph the real steps use)
+WARM_UP_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -33,30 +53,62 @@ class Speedups:
         names = speedup_names(text)
         if names is None:
             return cls(frozenset(CUDA_DEFAULT if device.type == "cuda" else ()))
+        if "fp8" in names:
+            _check_fp8(device)
         return cls(names)
 
     def __contains__(self, name: str) -> bool:
         return name in self.levers
 
+    @property
+    def compiles(self) -> bool:
+        return bool(self.levers & COMPILE_LEVERS)
+
     def describe(self) -> str:
         return ",".join(sorted(self.levers)) or "none"
 
 
+def _check_fp8(device: torch.device) -> None:
+    """Refuse ``fp8`` at start-up, in one line, anywhere torchao's FP8 matmuls cannot run."""
+    if device.type != "cuda":
+        raise ConfigError(f"--speedups fp8 needs an NVIDIA Hopper GPU (sm_90 or newer); this worker runs on {device}")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        raise ConfigError(
+            f"--speedups fp8 needs an NVIDIA Hopper GPU (sm_90 or newer); this worker's {name} is "
+            f"sm_{capability[0]}{capability[1]}: drop fp8 from --speedups / DIFFQ_SPEEDUPS"
+        )
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        raise ConfigError("--speedups fp8 needs torchao: pip install torchao (or drop fp8)") from None
+
+
 def apply(pipe: Any, speedups: Speedups) -> float:
-    """Apply the levers to a freshly loaded pipeline; returns seconds spent (compile is lazy)."""
+    """Apply the levers to a freshly loaded pipeline; returns seconds spent (compile is lazy).
+
+    The levers are written for SDXL's UNet: a pipeline without one (FLUX) runs without them."""
     started = time.perf_counter()
+    unet = getattr(pipe, "unet", None)
+    if unet is None:
+        if speedups.levers - {"vae-fp16"}:
+            log.info("speedups: %s apply to SDXL's UNet; this pipeline runs without them", speedups.describe())
+        return 0.0
     if "fuse-qkv" in speedups:
-        pipe.unet.fuse_qkv_projections()
+        unet.fuse_qkv_projections()
     if "channels-last" in speedups:
-        pipe.unet.to(memory_format=torch.channels_last)
+        unet.to(memory_format=torch.channels_last)
         pipe.vae.to(memory_format=torch.channels_last)
+    if "fp8" in speedups:
+        _quantize_fp8(pipe)
     if "compile-blocks" in speedups:
-        pipe.unet.compile_repeated_blocks(fullgraph=True)
+        unet.compile_repeated_blocks(fullgraph=True)
     if "compile-resnets" in speedups:
         import torch._dynamo as dynamo
         from diffusers.models.resnet import ResnetBlock2D
 
-        blocks = [m for m in pipe.unet.modules() if isinstance(m, ResnetBlock2D)]
+        blocks = [m for m in unet.modules() if isinstance(m, ResnetBlock2D)]
         # the blocks share one code object; each instance and shape is one more cache entry
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(blocks))
         dynamo.config.accumulated_cache_size_limit = max(dynamo.config.accumulated_cache_size_limit, 16 * len(blocks))
@@ -66,3 +118,47 @@ def apply(pipe: Any, speedups: Speedups) -> float:
         pipe.vae.config.force_upcast = False
     log.info("speedups: %s", speedups.describe())
     return time.perf_counter() - started
+
+
+def _quantize_fp8(pipe: Any) -> None:
+    """FP8 weights and per-row dynamic FP8 activations for the UNet's wide linears; the fp16
+    UNet stays as ``pipe.diffq_fp16_unet`` for batches FP8 cannot finish (see :func:`run_batch`)."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    pipe.diffq_fp16_unet = copy.deepcopy(pipe.unet)
+
+    def wide(module: torch.nn.Module, _name: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and min(module.in_features, module.out_features) >= FP8_MIN_FEATURES
+
+    quantize_(pipe.unet, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=wide)
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has built in this process so far (first compiles and recompiles)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def warm_up(pipe: Any, params: GenParams, batch: int, run: Any) -> float:
+    """Compile before the first job of a shape: a short batch at ``batch`` images, then one at
+    a single image. Dynamo's automatic dynamic shapes turn the second into a graph whose batch
+    dimension is symbolic, so any later batch size (a tail chunk, an OOM split) finds a graph.
+    Returns the seconds spent; kernels come from the on-disk cache when the host has them."""
+    started = time.perf_counter()
+    short = GenParams(
+        model=params.model, width=params.width, height=params.height, steps=WARM_UP_STEPS, guidance=params.guidance
+    )
+    before = graphs_compiled()
+    for size in dict.fromkeys((batch, 1)):
+        run(pipe, short, prompts=["warm-up"] * size, negatives=[""] * size, seeds=list(range(size)))
+    seconds = time.perf_counter() - started
+    log.info(
+        "compiled for %dx%d in %.1fs (%d graph(s); batch sizes up to %d)",
+        params.width,
+        params.height,
+        seconds,
+        graphs_compiled() - before,
+        batch,
+    )
+    return seconds

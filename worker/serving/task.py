@@ -42,6 +42,7 @@ from worker.output.images import (
     write_atomic,
 )
 from worker.output.objects import drop_part, existing, part_bytes, prepare_store, put_all
+from worker.pipelines.generate import BatchResult
 from worker.serving import runtime
 
 log = logging.getLogger("diffq.worker")
@@ -123,13 +124,14 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     progress = _Progress(job, images=chunk.num_images)
     timings = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
     records: list[dict[str, Any]] = []
+    batch = BatchResult([], 0.0, 0.0, 0.0)
     if plan.todo:
         # 3. Room for the images, before any GPU time is spent on them (a bucket has no "full")
         if isinstance(output, Path):
             check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
         # 4. Generate, then 5. write each image under its content-derived name
-        images = _generate(rt, chunk, plan, progress, timings)
-        records = _save(chunk, plan, images, output, timings)
+        batch = _generate(rt, chunk, plan, progress, timings)
+        records = _save(chunk, plan, batch.images, output, timings)
         progress.update(images_done=plan.skipped + len(plan.existing) + len(records))
 
     # 6. Record: metadata lines, items done, counters; fenced on this execution
@@ -157,7 +159,14 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         "output": chunk.output if isinstance(output, Store) else str(output),
         "timings": {k: round(v, 4) for k, v in timings.items()},
         "worker": rt.worker_name,
+        "compiles": batch.compiles,  # graphs torch.compile built in this job (0 once warm)
+        **({"fp16_redo": batch.fp16_redo} if batch.fp16_redo else {}),  # FP8 was not finite for these
     }
+
+
+def _job_id() -> str:
+    job = get_current_job()
+    return job.id if job is not None else "-"
 
 
 def _destination(location: str, settings: Settings) -> Path | Store:
@@ -198,7 +207,7 @@ def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Pat
 
 def _generate(
     rt: runtime.Runtime, chunk: JobSpec, plan: Plan, progress: _Progress, timings: dict[str, float]
-) -> list[Image.Image]:
+) -> BatchResult:
     """The warm pipeline (loaded once per worker), this chunk's adapter, one batch."""
     params = chunk.params
     model = f"model {params.model!r}"
@@ -240,7 +249,9 @@ def _generate(
         rt.batch_limits[shape] = fitted
         progress.update(force=True, split_batch=fitted)
     timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
-    return result.images
+    if result.compiles:
+        log.info("job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles)
+    return result
 
 
 def _save(

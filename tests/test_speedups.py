@@ -1,0 +1,122 @@
+"""Speed levers on the CPU with the tiny model: the compiled path (warm-up, no graph built after
+it across batch sizes and adapters, DoRA on compiled blocks), merged adapters against PEFT's
+unmerged forward, and FP8's start-up refusal and fp16 redo. Speed itself is measured on GPUs
+(bench/, docs/benchmarks.md); nothing here asserts a time."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from common.errors import ConfigError
+from common.jobspec import GenParams
+from worker.pipelines.cache import PipelineCache
+from worker.pipelines.generate import run_batch
+from worker.pipelines.speedups import CUDA_DEFAULT, Speedups
+
+PARAMS = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
+
+
+def pixels(image) -> np.ndarray:
+    return np.asarray(image, dtype=np.float32)
+
+
+def job(cache: PipelineCache, n: int, adapter: str | None = None, scale: float = 1.0, max_batch: int = 4):
+    """What a worker does for one job: the adapter, then the batch (split at ``max_batch``)."""
+    loaded, _ = cache.get("tiny")
+    cache.use_adapter(loaded, adapter, scale)
+    params = GenParams(**{**PARAMS.__dict__, "adapter": adapter, "adapter_scale": scale})
+    prompts = [f"a red fox {i}" for i in range(n)]
+    result, _ = cache.generate(loaded, params, prompts, [""] * n, list(range(7, 7 + n)), max_batch=max_batch)
+    return result
+
+
+@pytest.mark.slow
+def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_adapters(cache_dir):
+    """The first job compiles (warm-up makes the batch dimension dynamic); tail chunks, OOM
+    halves, a DoRA adapter (which failed on compiled blocks before adapters were merged), scale
+    changes and switching back to none then run on the graphs that exist."""
+    cache = PipelineCache(str(cache_dir), device="cpu", speedups="compile-blocks")
+    first = job(cache, 4)
+    assert first.compiles > 0
+    assert [job(cache, n).compiles for n in (4, 3, 2, 1)] == [0, 0, 0, 0]
+    assert job(cache, 3, max_batch=2).compiles == 0  # split 2 + 1, as the OOM splitter does
+    # the first job in each adapter state (an adapter merged, adapters disabled) may compile once
+    job(cache, 4, "tiny-dora")
+    job(cache, 4, None)
+    counts = [job(cache, 4, a, s).compiles for a, s in [("tiny-dora", 1.0), (None, 1.0), ("tiny-dora", 0.5)] * 2]
+    assert counts == [0] * 6
+
+
+def test_merged_adapters_match_peft_unmerged_forward_and_switch_back_exactly(cache_dir):
+    """Merging changes where the adapter's arithmetic happens, not the image: against PEFT's own
+    unmerged forward (set_adapters on a second pipeline), within 2/255; none after an adapter is
+    the plain image bit for bit (pristine weights, no fp drift from unmerging)."""
+    merged = PipelineCache(str(cache_dir), device="cpu")
+    plain = pixels(job(merged, 2).images[1])
+    ours = {(a, s): pixels(job(merged, 2, a, s).images[1]) for a, s in [("tiny-dora", 1.0), ("tiny-dora", 0.4)]}
+    assert np.array_equal(pixels(job(merged, 2).images[1]), plain)
+
+    reference = PipelineCache(str(cache_dir), device="cpu")
+    loaded, _ = reference.get("tiny")
+    loaded.pipe.load_lora_weights(str(cache_dir / "adapters" / "tiny-dora"), adapter_name="ref")
+    for (_adapter, scale), image in ours.items():
+        loaded.pipe.set_adapters(["ref"], adapter_weights=[scale])
+        theirs = pixels(run_batch(loaded.pipe, PARAMS, ["a red fox 0", "a red fox 1"], ["", ""], [7, 8]).images[1])
+        assert np.abs(theirs - plain).mean() > 1.0  # the adapter does change the image
+        assert np.abs(theirs - image).max() <= 2.0
+
+
+def test_a_non_finite_fp8_batch_is_denoised_again_in_fp16(cache_dir):
+    """FP8 keeps the fp16 UNet beside the quantized one; latents that are not finite send the
+    batch through it, and the result counts the images redone."""
+    cache = PipelineCache(str(cache_dir), device="cpu")
+    loaded, _ = cache.get("tiny")
+    pipe = loaded.pipe
+    expected = run_batch(pipe, PARAMS, ["a red fox"] * 2, ["", ""], [7, 8])
+    assert expected.fp16_redo == 0
+
+    broken = copy.deepcopy(pipe.unet)  # stands in for an FP8 UNet that overflowed
+    calls = []
+
+    def overflow(sample, *args, **kwargs):
+        calls.append(1)
+        return (torch.full_like(sample, float("nan")),)
+
+    broken.forward = overflow
+    fp16, pipe.unet, pipe.diffq_fp16_unet = pipe.unet, broken, pipe.unet
+    try:
+        result = run_batch(pipe, PARAMS, ["a red fox"] * 2, ["", ""], [7, 8])
+    finally:
+        pipe.unet = fp16
+        del pipe.diffq_fp16_unet
+    assert calls  # the "FP8" UNet ran first
+    assert result.fp16_redo == 2
+    for got, want in zip(result.images, expected.images, strict=True):
+        assert np.array_equal(pixels(got), pixels(want))
+
+
+def test_fp8_is_refused_at_start_up_off_hopper_in_one_line(env):
+    with pytest.raises(ConfigError, match="needs an NVIDIA Hopper GPU"):
+        Speedups.parse("fp8", torch.device("cpu"))
+    run = subprocess.run(
+        [sys.executable, "-m", "worker", "run", "--device", "cpu", "--speedups", "fp8", "--burst"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "fp8 needs an NVIDIA Hopper GPU" in lines[0] and "Traceback" not in run.stderr
+
+
+def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
+    assert Speedups.parse("auto", torch.device("cuda")).levers == frozenset(CUDA_DEFAULT)
+    assert "compile-blocks" in CUDA_DEFAULT and "fp8" not in CUDA_DEFAULT  # fp8 stays opt-in
+    assert Speedups.parse("auto", torch.device("cpu")).levers == frozenset()
