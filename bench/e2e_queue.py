@@ -183,7 +183,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--speedups", default="auto")
     ap.add_argument("--timeout", type=float, default=400)
-    ap.add_argument("--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter")
+    ap.add_argument(
+        "--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter"
+    )
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)

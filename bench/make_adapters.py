@@ -31,7 +31,9 @@ def main() -> None:
     for name, dora in (("lora", False), ("dora", True)):
         torch.manual_seed(1 if dora else 0)
         unet = UNet2DConditionModel.from_config(SDXL_UNET).to("cuda" if torch.cuda.is_available() else "cpu")
-        config = LoraConfig(r=RANK, lora_alpha=RANK, target_modules=TARGETS, use_dora=dora, init_lora_weights="gaussian")
+        config = LoraConfig(
+            r=RANK, lora_alpha=RANK, target_modules=TARGETS, use_dora=dora, init_lora_weights="gaussian"
+        )
         unet.add_adapter(config)
         with torch.no_grad():
             for key, param in unet.named_parameters():

@@ -37,15 +37,23 @@ def main() -> None:
     records = sorted((r for r in records if not r.get("adapter")), key=lambda r: r["seed"])[: args.n]
     first = records[0]
     params = GenParams(
-        model="sdxl-random", width=first["width"], height=first["height"], steps=first["steps"], guidance=first["guidance"]
+        model="sdxl-random",
+        width=first["width"],
+        height=first["height"],
+        steps=first["steps"],
+        guidance=first["guidance"],
     )
     pipe = sdxl_random("cuda", torch.float16)
     pipe.set_progress_bar_config(disable=True)
     ours = [np.asarray(Image.open(args.output / r["file_name"]).convert("RGB"), dtype=np.float32) for r in records]
     for decode, upcast in (("fp32-upcast (diffusers default)", True), ("fp16", False)):
         pipe.vae.config.force_upcast = upcast
-        result = run_batch(pipe, params, [r["prompt"] for r in records], [""] * len(records), [r["seed"] for r in records])
-        diffs = [np.abs(np.asarray(img, dtype=np.float32) - mine) for img, mine in zip(result.images, ours, strict=True)]
+        result = run_batch(
+            pipe, params, [r["prompt"] for r in records], [""] * len(records), [r["seed"] for r in records]
+        )
+        diffs = [
+            np.abs(np.asarray(img, dtype=np.float32) - mine) for img, mine in zip(result.images, ours, strict=True)
+        ]
         record = {
             "kind": "match-eager",
             "tag": args.tag,

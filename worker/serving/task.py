@@ -250,7 +250,9 @@ def _generate(
         progress.update(force=True, split_batch=fitted)
     timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
     if result.compiles:
-        log.info("job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles)
+        log.info(
+            "job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles
+        )
     return result
 
 
