@@ -63,6 +63,21 @@ def after_last_compile(ordered: list[Job]) -> float | None:
     return round(sum(len(j.return_value()["files"]) for j in rest) / span, 4)
 
 
+def pipeline_s(job: Job) -> float:
+    t = job.return_value()["timings"]
+    return t["encode_s"] + t["denoise_s"] + t["decode_s"]
+
+
+def queue_overhead(ordered: list[Job]) -> float | None:
+    """Share of one worker's steady span (second job's start to last job's end) not spent in the
+    pipeline call itself: PNG encode and write, metadata, Redis, RQ's own steps between jobs."""
+    rest = ordered[1:]
+    if len(rest) < 2:
+        return None
+    span = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
+    return round(1 - sum(pipeline_s(j) for j in rest) / span, 4)
+
+
 def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     queue_name = f"bench{gpus}{args.tag.replace('-', '')}"
     conn.flushdb()  # a warm machine keeps the last run's Redis: start from nothing
@@ -152,6 +167,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "compiles_first_job": ordered[0].return_value().get("compiles"),
         "compiles_after_first_job": sum(j.return_value().get("compiles", 0) for j in ordered[1:]),
         "steady_after_last_compile_img_per_s": after_last_compile(ordered),
+        "queue_overhead_frac": queue_overhead(ordered),
         "fp16_redo_images": sum(j.return_value().get("fp16_redo", 0) for j in jobs),
         "exit_code": proc.returncode,
         "jobs": len(jobs),
@@ -165,6 +181,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "median_save_s": round(sorted(t["save_s"] for t in timings)[len(timings) // 2], 4),
         "median_decode_s": round(sorted(t["decode_s"] for t in timings)[len(timings) // 2], 4),
         "median_denoise_s": round(sorted(t["denoise_s"] for t in timings)[len(timings) // 2], 4),
+        "median_pipeline_s": round(sorted(pipeline_s(j) for j in jobs)[len(jobs) // 2], 4),
         "median_total_s": round(sorted(t["total_s"] for t in timings)[len(timings) // 2], 4),
         "workers": sorted(per_worker),
     }

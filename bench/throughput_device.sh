@@ -1,0 +1,39 @@
+#!/bin/bash
+# The throughput issue's measurements on one GPU, one phase list per call (each phase logs
+# under $OUT and appends JSON lines to $OUT/throughput.jsonl). Source bench/device_setup.sh
+# first (carry .whl with torchao, and .redis).
+#   bash bench/throughput_device.sh base defaults match:defaults adapters   # call 1
+#   bash bench/throughput_device.sh start:cold start:warm fp8 match:fp8     # call 2
+set -u
+OUT=${OUT:-/tmp/out}
+R=$OUT/throughput.jsonl
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a $OUT/gpu.txt
+for phase in "$@"; do
+  echo "== $phase $(date +%T)" | tee -a $OUT/phases.txt
+  case $phase in
+    base)  # matmul ceiling, FLOPs, plain pipe() per image, run_batch at batch 8, + vae-fp16
+      (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1 &)
+      timeout 150 python3 bench/pipeline.py --out $R --batches 8 --levers vae-fp16 --repeats 1 --budget-s 120 \
+        > $OUT/base.log 2>&1 ;;
+    defaults)  # the worker's defaults through the queue, on a cold compile cache
+      timeout 240 python3 bench/e2e_queue.py --out $R --tag defaults --images-per-gpu 48 --timeout 230 \
+        > $OUT/defaults.log 2>&1 ;;
+    match:*)  # a run's images against the plain eager fp16 pipeline, same prompts and seeds
+      tag=${phase#match:}
+      timeout 90 python3 bench/match_eager.py /tmp/diffq-bench/bench1$tag --out $R --n 8 --tag $tag \
+        > $OUT/match-$tag.log 2>&1 ;;
+    adapters)  # none, LoRA, DoRA in turn, one chunk each; a fresh worker on the now warm cache
+      for _ in $(seq 60); do [ -f /tmp/adapters/dora/pytorch_lora_weights.safetensors ] && break; sleep 2; done
+      timeout 240 python3 bench/e2e_queue.py --out $R --tag adapters --images-per-gpu 72 --timeout 230 \
+        --adapters none,/tmp/adapters/lora,/tmp/adapters/dora > $OUT/adapters-e2e.log 2>&1 ;;
+    start:*)  # the defaults, a fresh worker: first image on whatever compile cache the host has now
+      tag=${phase#start:}
+      timeout 240 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 24 --timeout 230 \
+        > $OUT/start-$tag.log 2>&1 ;;
+    fp8)
+      timeout 330 python3 bench/e2e_queue.py --out $R --tag fp8 --images-per-gpu 32 --timeout 320 \
+        --speedups vae-fp16,compile-blocks,compile-resnets,fp8 > $OUT/fp8.log 2>&1 ;;
+  esac
+done
+tar czf $OUT/logs.tgz -C $OUT --exclude logs.tgz --exclude throughput.jsonl . 2>/dev/null
+cat $R
