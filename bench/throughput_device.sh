@@ -30,6 +30,10 @@ for phase in "$@"; do
       tag=${phase#start:}
       timeout 240 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 24 --timeout 230 \
         > $OUT/start-$tag.log 2>&1 ;;
+    e2e:*)  # e2e:<tag>:<speedups> through the queue, 32 images
+      spec=${phase#e2e:}; tag=${spec%%:*}; levers=${spec#*:}
+      timeout 300 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 32 --timeout 290 \
+        --speedups $levers > $OUT/e2e-$tag.log 2>&1 ;;
     fp8)  # FP8 linears (opt-in) with vae-fp16 and compile-blocks, as measured before this issue
       timeout 420 python3 bench/e2e_queue.py --out $R --tag fp8 --images-per-gpu 32 --timeout 410 \
         --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8.log 2>&1

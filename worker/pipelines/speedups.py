@@ -121,16 +121,21 @@ def apply(pipe: Any, speedups: Speedups) -> float:
 
 
 def _quantize_fp8(pipe: Any) -> None:
-    """FP8 weights and per-row dynamic FP8 activations for the UNet's wide linears; the fp16
-    UNet stays as ``pipe.diffq_fp16_unet`` for batches FP8 cannot finish (see :func:`run_batch`)."""
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    """FP8 weights and dynamic FP8 activations for the UNet's wide linears; the fp16 UNet stays
+    as ``pipe.diffq_fp16_unet`` for batches FP8 cannot finish (see :func:`run_batch`).
+
+    Scales are per row for a bf16 UNet; torchao 0.18 takes per-row scales from bf16 weights
+    only (an assertion), so an fp16 UNet gets one scale per tensor."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
 
     pipe.diffq_fp16_unet = copy.deepcopy(pipe.unet)
+    granularity = PerRow() if pipe.unet.dtype == torch.bfloat16 else PerTensor()
 
     def wide(module: torch.nn.Module, _name: str) -> bool:
         return isinstance(module, torch.nn.Linear) and min(module.in_features, module.out_features) >= FP8_MIN_FEATURES
 
-    quantize_(pipe.unet, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=wide)
+    quantize_(pipe.unet, Float8DynamicActivationFloat8WeightConfig(granularity=granularity), filter_fn=wide)
+    log.info("fp8: UNet linears of %d+ features quantized (%s scales)", FP8_MIN_FEATURES, type(granularity).__name__)
 
 
 def graphs_compiled() -> int:
