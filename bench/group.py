@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--save", help="rank 0 writes the first image of batch 1 here (.npy)")
     ap.add_argument("--compare", help="a .npy image to compare the first image with")
     ap.add_argument("--label", default="")
+    ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
     import torch
@@ -132,6 +133,20 @@ def main() -> None:
             print(json.dumps(record), flush=True)
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+        if args.profile is not None and batch == int(args.batches.split(",")[0]):
+            from rank_profile import profile_call
+
+            dist.barrier()
+            summary = profile_call(lambda work=work: engine.run(work), engine.loaded.pipe, rank, args.profile)
+            summaries = [None] * world if rank == 0 else None
+            dist.gather_object(summary, summaries, dst=0)
+            if rank == 0:
+                line = {"kind": "group-profile", "label": args.label, "gpus": world, "layout": layout.arithmetic(),
+                        "batch": batch, "size": args.size, "steps": args.steps, "gpu": record["gpu"],
+                        "torch": torch.__version__, "ranks": summaries}  # fmt: skip
+                print(json.dumps(line), flush=True)
+                with open(args.out, "a") as fh:
+                    fh.write(json.dumps(line) + "\n")
     dist.barrier()
     dist.destroy_process_group()
 

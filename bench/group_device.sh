@@ -3,6 +3,7 @@
 #   bash bench/group_device.sh flux   # FLUX.1 architecture: 1 and 2 GPUs (Ulysses)
 #   bash bench/group_device.sh flux4  # FLUX: 4 GPUs (Ulysses, Ulysses×ring, Ulysses×PipeFusion), then through the queue
 #   bash bench/group_device.sh flux8  # FLUX: 4 and 8 GPUs, then the group through the queue
+#   bash bench/group_device.sh profile2  # FLUX: 1 GPU, Ulysses 2, ring 2 under torch.profiler; the 2-GPU group through the queue
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
 R=$OUT/group.jsonl
@@ -43,6 +44,17 @@ flux8)
   timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --compare /tmp/flux1.npy --out $R --label flux-u4 > $OUT/flux4.log 2>&1
   timeout 120 $TR --nproc-per-node 8 bench/group.py $F --ulysses-degree 8 --compare /tmp/flux1.npy --out $R --label flux-u8 > $OUT/flux8.log 2>&1
   timeout 150 python3 bench/group_queue.py --gpus 8 $F --degrees "--ulysses-degree 8" --jobs 5 --out $R > $OUT/queue8.log 2>&1
+  ;;
+profile2)  # issue 16 goal 1: where one FLUX image's time goes on 2 GPUs, with 1 GPU in the same call
+  nvidia-smi topo -m > $OUT/topo.txt
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv >> $OUT/topo.txt
+  timeout 170 $TR --nproc-per-node 1 bench/group.py $F --runs 1 --save /tmp/flux1.npy --out $R --label flux-1gpu \
+    --profile $OUT/prof-1gpu > $OUT/flux1.log 2>&1
+  timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 1 --compare /tmp/flux1.npy --out $R \
+    --label flux-u2 --profile $OUT/prof-u2 > $OUT/flux2.log 2>&1
+  timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ring-degree 2 --runs 1 --compare /tmp/flux1.npy --out $R \
+    --label flux-r2 --profile $OUT/prof-r2 > $OUT/flux2r.log 2>&1
+  timeout 130 python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" --jobs 4 --out $R > $OUT/queue2.log 2>&1
   ;;
 esac
 cat $R

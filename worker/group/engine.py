@@ -47,7 +47,12 @@ class RankEngine:
         self.per_dp = world // layout.data_parallel_degree
         self.dp_rank = rank // self.per_dp
         self.holder = True  # whether this rank ends a batch with its dp group's images
-        self.pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
+        # a group keeps the levers it was measured with: the single-GPU compile defaults are not
+        # measured under a group's CFG split or xDiT's wrappers (docs/benchmarks.md)
+        speedups = settings.speedups
+        if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
+            speedups = "vae-fp16"
+        self.pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, speedups)
         self.loaded: LoadedPipeline | None = None
         self.fail_marker = ""  # tests: this rank raises on prompts containing it
         self.hang_once = ""  # tests: this rank hangs in its first batch unless this file exists
