@@ -26,13 +26,16 @@ def pixels(image) -> np.ndarray:
     return np.asarray(image, dtype=np.float32)
 
 
-def job(cache: PipelineCache, n: int, adapter: str | None = None, scale: float = 1.0, max_batch: int = 4):
+def job(cache: PipelineCache, n: int, adapter=None, scale=1.0, max_batch=4, heard: list | None = None):
     """What a worker does for one job: the adapter, then the batch (split at ``max_batch``)."""
     loaded, _ = cache.get("tiny")
     cache.use_adapter(loaded, adapter, scale)
     params = GenParams(**{**PARAMS.__dict__, "adapter": adapter, "adapter_scale": scale})
     prompts = [f"a red fox {i}" for i in range(n)]
-    result, _ = cache.generate(loaded, params, prompts, [""] * n, list(range(7, 7 + n)), max_batch=max_batch)
+    on_progress = heard.append if heard is not None else None
+    result, _ = cache.generate(
+        loaded, params, prompts, [""] * n, list(range(7, 7 + n)), max_batch=max_batch, on_progress=on_progress
+    )
     return result
 
 
@@ -42,9 +45,13 @@ def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_
     halves, a DoRA adapter (which failed on compiled blocks before adapters were merged), scale
     changes and switching back to none then run on the graphs that exist."""
     cache = PipelineCache(str(cache_dir), device="cpu", speedups="compile-blocks")
-    first = job(cache, 4)
+    heard: list = []
+    first = job(cache, 4, heard=heard)
     assert first.compiles > 0
-    assert [job(cache, n).compiles for n in (4, 3, 2, 1)] == [0, 0, 0, 0]
+    assert heard == ["compiling for 64x64 (once per size and worker; cached on disk)", None]  # shown as the job's state
+    heard.clear()
+    assert [job(cache, n, heard=heard).compiles for n in (4, 3, 2, 1)] == [0, 0, 0, 0]
+    assert heard == []
     assert job(cache, 3, max_batch=2).compiles == 0  # split 2 + 1, as the OOM splitter does
     # the first job in each adapter state (an adapter merged, adapters disabled) may compile once
     job(cache, 4, "tiny-dora")

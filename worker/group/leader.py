@@ -78,6 +78,7 @@ class GroupPipelines:
         seeds: list[int],
         max_batch: int,
         on_step: Any = None,
+        on_progress: Any = None,  # the group compiles nothing at run time: nothing to report
     ) -> tuple[BatchResult, int]:
         work = {
             "params": asdict(params),

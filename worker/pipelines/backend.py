@@ -34,6 +34,8 @@ class GenerationBackend(Protocol):
         seeds: list[int],
         max_batch: int,
         on_step: Callable[[int, int], None] | None = None,
+        on_progress: Callable[[str | None], None] | None = None,
     ) -> tuple[BatchResult, int]:
-        """One chunk's images, in batches of at most ``max_batch``; and the batch size that fitted."""
+        """One chunk's images, in batches of at most ``max_batch``; and the batch size that fitted.
+        ``on_progress`` hears about work before the first step (a compile), then None."""
         ...

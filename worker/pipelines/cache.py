@@ -160,13 +160,18 @@ class PipelineCache:
         seeds: list[int],
         max_batch: int,
         on_step: Callable[[int, int], None] | None = None,
+        on_progress: Callable[[str | None], None] | None = None,
     ) -> tuple[BatchResult, int]:
         """A job's images from this process's pipeline. An xDiT group's rank 0 implements the same
         :class:`~worker.pipelines.backend.GenerationBackend` call over every rank (:mod:`worker.group`)."""
         before = graphs_compiled()
         if self.speedups.compiles and (params.width, params.height) not in loaded.warm:
+            if on_progress is not None:
+                on_progress(f"compiling for {params.width}x{params.height} (once per size and worker; cached on disk)")
             warm_up(loaded.pipe, params, min(max_batch, len(prompts)), run=run_batch)
             loaded.warm.add((params.width, params.height))
+            if on_progress is not None:
+                on_progress(None)
         result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch=max_batch, on_step=on_step)
         result.compiles = graphs_compiled() - before
         return result, fitted

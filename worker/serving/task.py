@@ -244,6 +244,7 @@ def _generate(
         seeds=[item.seed + index for _, item, index in plan.todo],
         max_batch=limit,
         on_step=lambda step, steps: progress.update(step=step, steps=steps),
+        on_progress=lambda text: progress.update(force=True, loading=text),
     )
     if fitted < len(plan.todo):
         rt.batch_limits[shape] = fitted
