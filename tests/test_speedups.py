@@ -127,3 +127,15 @@ def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
     assert Speedups.parse("auto", torch.device("cuda")).levers == frozenset(CUDA_DEFAULT)
     assert "compile-blocks" in CUDA_DEFAULT and "fp8" not in CUDA_DEFAULT  # fp8 stays opt-in
     assert Speedups.parse("auto", torch.device("cpu")).levers == frozenset()
+
+
+def test_an_fp8_quantization_that_fails_is_a_model_load_error_not_a_crash(cache_dir):
+    """torchao asserts on what it cannot quantize (per-row scales for fp16 weights, in 0.18); on a
+    worker that is a model-load error (breaker, job given back), not a traceback and a restart loop.
+    Here torchao is absent or refuses a CPU model; either way the error is one ModelLoadError."""
+    from common.errors import ModelLoadError
+    from worker.pipelines.speedups import apply
+
+    loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
+    with pytest.raises(ModelLoadError, match="--speedups fp8 could not quantize this UNet"):
+        apply(copy.copy(loaded.pipe), Speedups(frozenset({"fp8"})))

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from common.errors import ConfigError
+from common.errors import ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import SPEEDUP_LEVERS, speedup_names
 
@@ -101,7 +101,10 @@ def apply(pipe: Any, speedups: Speedups) -> float:
         unet.to(memory_format=torch.channels_last)
         pipe.vae.to(memory_format=torch.channels_last)
     if "fp8" in speedups:
-        _quantize_fp8(pipe)
+        try:
+            _quantize_fp8(pipe)
+        except Exception as exc:  # torchao asserts on what it does not support; a load error, not a crash
+            raise ModelLoadError(f"--speedups fp8 could not quantize this UNet: {type(exc).__name__}: {exc}") from exc
     if "compile-blocks" in speedups:
         unet.compile_repeated_blocks(fullgraph=True)
     if "compile-resnets" in speedups:
