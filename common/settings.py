@@ -194,3 +194,18 @@ def redact(url: str) -> str:
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def point_compile_cache_at(cache_dir: str | Path) -> Path:
+    """Point torch's compile cache (Inductor's kernels, and Dynamo's record of which dimensions
+    vary) at ``<cache_dir>/inductor``, beside the models, so it lives as long as they do and a
+    restarted worker finds it; unless the user chose a folder with ``TORCHINDUCTOR_CACHE_DIR``.
+
+    Importing diffusers makes torch fill that variable with its own default
+    (``/tmp/torchinductor_<user>``), so a value equal to that default counts as unset."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and not Path(chosen).resolve().name.startswith("torchinductor_"):
+        return Path(chosen)
+    target = Path(cache_dir) / "inductor"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(target)
+    return target

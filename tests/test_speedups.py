@@ -139,3 +139,38 @@ def test_an_fp8_quantization_that_fails_is_a_model_load_error_not_a_crash(cache_
     loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
     with pytest.raises(ModelLoadError, match="--speedups fp8 could not quantize this UNet"):
         apply(copy.copy(loaded.pipe), Speedups(frozenset({"fp8"})))
+
+
+COMPILE_SCRIPT = """
+import sys
+from worker.pipelines.cache import PipelineCache
+from common.jobspec import GenParams
+cache = PipelineCache(sys.argv[1], device="cpu", speedups="compile-blocks")
+loaded, _ = cache.get("tiny")
+params = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
+result, _ = cache.generate(loaded, params, ["a red fox"] * 4, [""] * 4, [1, 2, 3, 4], max_batch=4)
+print("compiles", result.compiles)
+"""
+
+
+@pytest.mark.slow
+def test_a_restarted_worker_compiles_the_dynamic_graphs_at_once_from_the_hosts_cache(tmp_path, cache_dir):
+    """The first worker on a host builds each graph twice (static, then dynamic in the batch);
+    it leaves the kernels and Dynamo's dynamic-shape decisions under ``$DIFFQ_CACHE/inductor``,
+    so the next worker's warm-up builds each graph once."""
+    import shutil
+
+    shutil.copytree(cache_dir / "models", tmp_path / "models")  # the tiny model, not the compile cache
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("TORCHINDUCTOR", "TORCH_COMPILE"))}
+
+    def worker_start() -> int:
+        run = subprocess.run(
+            [sys.executable, "-c", COMPILE_SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        return int(run.stdout.split("compiles")[-1])
+
+    cold = worker_start()
+    warm = worker_start()
+    assert (tmp_path / "inductor" / "dynamo").is_dir()
+    assert 0 < warm < cold, (cold, warm)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from transformers.utils import logging as transformers_logging
 from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
+from common.settings import point_compile_cache_at
 from worker.pipelines import models
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.generate import BatchResult, run_batch, run_split
@@ -38,6 +38,9 @@ transformers_logging.set_verbosity_error()
 transformers_logging.disable_progress_bar()
 diffusers_logging.set_verbosity_error()
 diffusers_logging.disable_progress_bar()
+
+#: the key of Dynamo's saved dynamic-shape decisions, shared by every diffq worker on a host
+PGO_JOB_ID = "diffq"
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,7 +77,12 @@ class PipelineCache:
         self, cache_dir: str, device: str = "auto", dtype: str = "auto", speedups: str = "auto", max_models: int = 1
     ) -> None:
         # compiled kernels persist beside the models, so a restarted worker skips most compile time
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
+        point_compile_cache_at(cache_dir)
+        # ...and so does what Dynamo learnt about which dimensions vary (its "PGO" state, kept
+        # only under a job id): a restarted worker compiles the batch-dynamic graphs at once
+        # instead of a static graph first and the dynamic one at the second batch size
+        if torch.compiler.config.job_id is None:
+            torch.compiler.config.job_id = PGO_JOB_ID
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
