@@ -8,8 +8,10 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# gcc and the Python headers: torch.compile (the default speed levers on CUDA) builds Triton's
+# kernel launcher with them at run time; without them a worker runs eagerly and says so
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 RUN python3 -m venv /opt/diffq

@@ -153,6 +153,13 @@ def test_dockerfile_is_pinned_non_root_and_keeps_secrets_out():
     assert any(op == "VOLUME" and "/cache" in arg for op, arg in steps)
 
 
+def test_the_image_can_compile_what_the_default_levers_compile():
+    """On CUDA the default levers run torch.compile, whose Triton launcher is built at run time
+    with a C compiler against the Python headers: the image must carry both."""
+    apt = " ".join(arg for op, arg in dockerfile() if op == "RUN" and "apt-get install" in arg).split()
+    assert {"gcc", "libc6-dev", "python3-dev"} <= set(apt)
+
+
 @pytest.mark.slow
 def test_dockerfile_cmd_is_a_real_command_with_valid_flags():
     cmd = json.loads(next(arg for op, arg in dockerfile() if op == "CMD"))

@@ -174,3 +174,35 @@ def test_a_restarted_worker_compiles_the_dynamic_graphs_at_once_from_the_hosts_c
     warm = worker_start()
     assert (tmp_path / "inductor" / "dynamo").is_dir()
     assert 0 < warm < cold, (cold, warm)
+
+
+NO_COMPILER_SCRIPT = """
+import sys
+import torch._inductor.config as inductor
+inductor.cpp.cxx = ("/nonexistent-cc",)  # what a slim image without gcc looks like to Inductor
+from worker.pipelines.cache import PipelineCache
+from common.jobspec import GenParams
+cache = PipelineCache(sys.argv[1], device="cpu", speedups="compile-blocks")
+loaded, _ = cache.get("tiny")
+params = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
+for n in (2, 3):
+    result, _ = cache.generate(loaded, params, ["a red fox"] * n, [""] * n, list(range(n)), max_batch=4)
+    print("images", len(result.images), "levers", cache.speedups.describe())
+"""
+
+
+def test_a_worker_that_cannot_compile_runs_its_jobs_eagerly_and_says_why_once(tmp_path, cache_dir):
+    """torch.compile needs a C compiler (and Python headers for Triton on GPUs): a worker without
+    them must not fail the queue's jobs. The first job's compile fails for real here (Inductor
+    finds no C++ compiler); the worker says so in one log line and runs every job eagerly."""
+    import shutil
+
+    shutil.copytree(cache_dir / "models", tmp_path / "models")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("TORCHINDUCTOR", "TORCH_COMPILE"))}
+    run = subprocess.run(
+        [sys.executable, "-c", NO_COMPILER_SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["images 2 levers none", "images 3 levers none"]
+    told = [line for line in run.stderr.splitlines() if "torch.compile failed on this worker" in line]
+    assert len(told) == 1 and "No working C++ compiler" in told[0] and "--speedups none" in told[0]

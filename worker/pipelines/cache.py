@@ -28,7 +28,7 @@ from worker.pipelines import models
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.generate import BatchResult, run_batch, run_split
 from worker.pipelines.loading import download_progress
-from worker.pipelines.speedups import Speedups, graphs_compiled, warm_up
+from worker.pipelines.speedups import COMPILE_LEVERS, Speedups, graphs_compiled, warm_up
 from worker.pipelines.speedups import apply as apply_speedups
 
 log = logging.getLogger("diffq.worker")
@@ -173,16 +173,45 @@ class PipelineCache:
         """A job's images from this process's pipeline. An xDiT group's rank 0 implements the same
         :class:`~worker.pipelines.backend.GenerationBackend` call over every rank (:mod:`worker.group`)."""
         before = graphs_compiled()
-        if self.speedups.compiles and (params.width, params.height) not in loaded.warm:
-            if on_progress is not None:
-                on_progress(f"compiling for {params.width}x{params.height} (once per size and worker; cached on disk)")
-            warm_up(loaded.pipe, params, min(max_batch, len(prompts)), run=run_batch)
-            loaded.warm.add((params.width, params.height))
+        try:
+            if self.speedups.compiles and (params.width, params.height) not in loaded.warm:
+                self._warm_up(loaded, params, min(max_batch, len(prompts)), on_progress)
+            result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            if not self.speedups.compiles:
+                raise
+            self._run_eager(exc)  # the worker's environment, not the job: go on without compiling
             if on_progress is not None:
                 on_progress(None)
-        result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch=max_batch, on_step=on_step)
+            result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
         result.compiles = graphs_compiled() - before
         return result, fitted
+
+    def _warm_up(
+        self, loaded: LoadedPipeline, params: GenParams, batch: int, on_progress: Callable[[str | None], None] | None
+    ) -> None:
+        size = f"{params.width}x{params.height}"
+        if on_progress is not None:
+            on_progress(f"compiling for {size} (once per size and worker; cached on disk)")
+        warm_up(loaded.pipe, params, batch, run=run_batch)
+        loaded.warm.add((params.width, params.height))
+        if on_progress is not None:
+            on_progress(None)
+
+    def _run_eager(self, exc: BaseException) -> None:
+        """torch.compile cannot work here (most often: no C compiler or Python headers for
+        Triton's launcher). Every compiled region runs eagerly from now on, for this worker."""
+        levers = self.speedups.levers - COMPILE_LEVERS
+        why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        log.error(
+            "torch.compile failed on this worker (%s); running without %s from now on. Give the worker a C "
+            "compiler and Python headers (gcc, python3-dev), or set --speedups %s",
+            why,
+            ",".join(sorted(self.speedups.levers & COMPILE_LEVERS)),
+            ",".join(sorted(levers)) or "none",
+        )
+        torch.compiler.set_stance("force_eager")
+        self.speedups = Speedups(levers)
 
     def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
         """Make ``adapter`` (or none) the one merged into the weights at ``scale``; load it the
