@@ -27,6 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rank_profile import kind_of  # bench/, this script's own folder
+
 from common.jobspec import GenParams
 from worker.output.images import png_bytes, temp_dir, write_atomic
 from worker.pipelines.generate import run_batch
@@ -35,23 +37,6 @@ from worker.pipelines.speedups import Speedups
 from worker.pipelines.speedups import apply as apply_speedups
 
 PROMPTS = [f"a photo of a {w} on a wooden table, studio light" for w in ("cat", "teapot", "lamp", "fox") * 2]
-
-KINDS = [  # first match wins; names are CUDA kernel names
-    ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
-    ("gemm", ("gemm", "sm90_xmma", "cutlass", "ampere_", "sm80_", "cublas", "nvjet")),
-    ("convolution", ("conv", "implicit", "winograd", "dgrad", "wgrad", "fprop")),
-    ("normalization", ("norm", "welford")),
-    ("copy", ("memcpy", "memset", "copy", "cat", "transpose")),
-    ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce", "silu", "gelu", "softmax", "add", "mul")),
-]
-
-
-def kind_of(name: str) -> str:
-    low = name.lower()
-    for kind, needles in KINDS:
-        if any(n in low for n in needles):
-            return kind
-    return "other"
 
 
 def emit(out: Path, record: dict) -> None:
