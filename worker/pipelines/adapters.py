@@ -39,8 +39,8 @@ class MergedAdapters:
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
         self.merged: tuple[str, float] | None = None
+        self.disabled = False  # adapters switched off (a job without one)
         self._pristine: dict[int, tuple[torch.nn.Module, torch.Tensor]] = {}
-        self.switches = 0
 
     def layers(self) -> list[BaseTunerLayer]:
         found: list[BaseTunerLayer] = []
@@ -72,10 +72,11 @@ class MergedAdapters:
     def use(self, name: str | None, scale: float) -> None:
         """Make ``name`` at ``scale`` (or no adapter) the one the pipeline runs with."""
         wanted = (name, float(scale)) if name is not None else None
-        if wanted == self.merged and (name is not None or not self._pristine or self._disabled()):
+        if wanted == self.merged and (wanted is not None or self.disabled):
             return
         started = time.perf_counter()
         self.restore()
+        self.disabled = name is None
         if name is None:
             self.pipe.disable_lora()
         else:
@@ -86,8 +87,4 @@ class MergedAdapters:
                 if name in getattr(layer, "lora_A", {}) or name in getattr(layer, "lora_B", {}):
                     layer.merge(adapter_names=[name])
             self.merged = wanted
-        self.switches += 1
         log.debug("adapter %s merged in %.3fs", name or "none", time.perf_counter() - started)
-
-    def _disabled(self) -> bool:
-        return all(layer.disable_adapters for layer in self.layers())
