@@ -73,12 +73,7 @@ def run_batch(
             negative_prompt_embeds=neg_embeds,
             pooled_prompt_embeds=pooled,
             negative_pooled_prompt_embeds=neg_pooled,
-            width=params.width,
-            height=params.height,
-            num_inference_steps=params.steps,
-            guidance_scale=params.guidance,
-            generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
-            callback_on_step_end=_step_callback(on_step, params.steps),
+            **_sampling(params, seeds, on_step),
             output_type="latent",
         ).images
 
@@ -106,6 +101,19 @@ def run_batch(
         decode_s=finished - denoised,
         fp16_redo=redo,
     )
+
+
+def _sampling(params: GenParams, seeds: list[int], on_step: Callable[[int, int], None] | None) -> dict[str, Any]:
+    """The pipeline arguments every model takes alike: size, steps, guidance, one CPU generator
+    per image (so an image depends on its own seed only), and the step callback."""
+    return {
+        "width": params.width,
+        "height": params.height,
+        "num_inference_steps": params.steps,
+        "guidance_scale": params.guidance,
+        "generator": [torch.Generator("cpu").manual_seed(seed) for seed in seeds],
+        "callback_on_step_end": _step_callback(on_step, params.steps),
+    }
 
 
 def _step_callback(on_step: Callable[[int, int], None] | None, steps: int) -> Callable[..., dict[str, Any]]:
@@ -147,12 +155,7 @@ def _run_flux_batch(
     out = pipe(
         prompt_embeds=embeds,
         pooled_prompt_embeds=pooled,
-        width=params.width,
-        height=params.height,
-        num_inference_steps=params.steps,
-        guidance_scale=params.guidance,
-        generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
-        callback_on_step_end=_step_callback(on_step, params.steps),
+        **_sampling(params, seeds, on_step),
         output_type="pil",
     )
     _sync(device)
