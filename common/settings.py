@@ -45,11 +45,13 @@ ENV_NAMES: dict[str, str] = {
     "cfg_parallel": "DIFFQ_CFG_PARALLEL",
     "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
     "group_timeout": "DIFFQ_GROUP_TIMEOUT",
+    "overlap_save": "DIFFQ_OVERLAP_SAVE",
     "fault_oom_above": "DIFFQ_FAULT_OOM_ABOVE",
     "fault_fail_attempts": "DIFFQ_FAULT_FAIL_ATTEMPTS",
     "fault_block_decode": "DIFFQ_FAULT_BLOCK_DECODE",
     "fault_group_rank": "DIFFQ_FAULT_GROUP_RANK",
     "fault_group_hang": "DIFFQ_FAULT_GROUP_HANG",
+    "fault_hold_writer": "DIFFQ_FAULT_HOLD_WRITER",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -90,6 +92,9 @@ class Settings:
     #: another worker; the keeper renews every sixth of it and looks for dead ones every third
     heartbeat_ttl: int = 30
     log_level: str = "INFO"
+    #: write a job's images and record them on a writer thread while the next job denoises
+    #: (worker/serving/overlap.py); 0 writes them before the job function returns
+    overlap_save: bool = True
     # -- xDiT groups (worker/group): how each image is split over the ranks; flags win
     ulysses_degree: int = 1
     ring_degree: int = 1
@@ -109,6 +114,8 @@ class Settings:
     fault_group_rank: str = ""
     #: tests only, groups: ``RANK:FILE`` makes that rank hang in its first batch (FILE records it)
     fault_group_hang: str = ""
+    #: tests only: the writer holds each job's images until this file exists (a stalled disk)
+    fault_hold_writer: str = ""
 
     @classmethod
     def load(cls, **flags: Any) -> Settings:

@@ -206,6 +206,18 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 4 MiB tmpfs, to fill up (CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.fail(f"mounting a 4 MiB tmpfs needs root (CI runs as root): {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
 def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of this test's own with AOF on (fsync always), to be stopped and restarted."""
     server = RedisServer(free_port(), tmp_path / "redis-aof", extra=("--appendonly", "yes", "--appendfsync", "always"))

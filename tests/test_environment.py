@@ -18,17 +18,6 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from common.queues import get_queue, images_key
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.fail(f"mounting a 4 MiB tmpfs needs root (CI runs as root): {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def log_text(path: Path) -> str:
     return path.read_text(errors="replace")
 

@@ -53,3 +53,12 @@ def test_the_rq_internals_diffq_relies_on_are_there():
     # handle_job_failure reads the job's exception from sys.exc_info(): RQ must call it inside its except
     source = inspect.getsource(SimpleWorker.perform_job)
     assert source.index("except:") < source.index("self.handle_job_failure(")
+    # overlap (worker/serving/overlap.py): the job function's return value is on the job when
+    # handle_job_success is called, and RQ's completion works on worker.execution, which diffq
+    # points at a handed-off job's own execution while it completes it
+    assert source.index("job._result = return_value") < source.index("self.handle_job_success(")
+    from rq import executions
+
+    cleanup = inspect.getsource(executions.cleanup_execution)
+    assert "worker.execution.delete(job=job" in cleanup and "worker.execution = None" in cleanup
+    assert "self.execution.id if self.execution" in inspect.getsource(SimpleWorker.handle_job_success)

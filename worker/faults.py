@@ -54,3 +54,17 @@ def block_in_c(size: int) -> None:
     log.warning("fault: a %d² matrix product in one C call starts (DIFFQ_FAULT_BLOCK_DECODE)", size)
     torch.mm(a, a)
     log.warning("fault: the C call returned")
+
+
+def hold_writer(flag_file: str) -> None:
+    """Hold a job's images until ``flag_file`` exists, as a stalled disk would; the worker meanwhile
+    takes the next job (overlap), or is killed by a test with images in the writer."""
+    if not flag_file:
+        return
+    import logging
+    import time
+    from pathlib import Path
+
+    logging.getLogger("diffq.worker").warning("fault: the writer holds its images until %s exists", flag_file)
+    while not Path(flag_file).exists():
+        time.sleep(0.05)

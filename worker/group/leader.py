@@ -168,6 +168,7 @@ class GroupWorker(DiffqWorker):
             f"job {job.id} re-queued" if job is not None else "no job was running",
         )
         with contextlib.suppress(Exception):
+            self.give_back_pending(f"the xDiT group {self.name} lost a rank while writing this job; re-queued")
             self.register_death()
         os._exit(EXIT_GROUP_LOST)
 

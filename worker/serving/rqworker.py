@@ -19,6 +19,9 @@ then nothing refreshes the worker's and the job's heartbeats while a long job ru
   when the disk can take the next job; a model or adapter the worker failed to load twice
   (:mod:`worker.serving.breaker`) gives its jobs back for other workers. Either shows in
   ``producer status`` and as the worker's ``suspended`` state in rq-dashboard.
+- Overlap (:mod:`worker.serving.overlap`): a job's images are written and recorded on a writer
+  thread while the next job denoises; the worker completes the job in RQ once they are, with
+  that job's own execution, and keeps its heartbeat until then.
 - ``--burst`` does not quit while jobs of its queues wait in the scheduled registry for a retry
   backoff or run on other workers (which may die and have their job re-queued).
 """
@@ -32,8 +35,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from contextlib import suppress
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -44,7 +48,7 @@ from rq import SimpleWorker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import StopRequested
 from rq.executions import Execution
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
@@ -58,6 +62,7 @@ from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
 from worker.serving.failures import classify, record_failure
+from worker.serving.overlap import Handed, Pending, Tail, Writer
 from worker.serving.recovery import give_back, requeue_abandoned
 from worker.serving.runtime import Runtime
 from worker.serving.signals import SignalWatcher
@@ -130,6 +135,14 @@ class DiffqWorker(SimpleWorker):
         self._keeper_stop = threading.Event()
         self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
+        #: held while ``self.execution`` is swapped to complete a handed-off job, and by the keeper
+        self._executions = threading.RLock()
+        self._pending: Pending | None = None
+        self._writer: Writer | None = None
+        if runtime is not None and runtime.settings.overlap_save:
+            self._writer = Writer()
+            runtime.hand_off = self._hand_off
+            runtime.pump = self._pump
 
     # -- heartbeats and recovery ------------------------------------------------------------
 
@@ -144,10 +157,12 @@ class DiffqWorker(SimpleWorker):
         return execution
 
     def maintain_heartbeats(self, job: Job) -> None:
+        self._heartbeat(job, self.execution)
+
+    def _heartbeat(self, job: Job, execution: Execution | None) -> None:
         """The worker's, the execution's and the job's heartbeats; the execution only if it is
         still in the started registry (``XX``), so a worker back from a stall cannot take its
         job back from the worker that has it now."""
-        execution = self.execution
         if execution is None:
             return
         ttl = self.get_heartbeat_ttl(job)
@@ -157,9 +172,9 @@ class DiffqWorker(SimpleWorker):
             job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
             pipe.execute()
 
-    def owns(self, job: Job) -> bool:
+    def owns(self, job: Job, execution: Execution | None = None) -> bool:
         """Is this worker's execution of ``job`` still the one in the started registry?"""
-        execution = self.execution
+        execution = execution or self.execution
         if execution is None:
             return False
         return self.connection.zscore(job.started_job_registry.key, execution.composite_key) is not None
@@ -178,6 +193,10 @@ class DiffqWorker(SimpleWorker):
         threading.Thread(target=self._keep, name="diffq-keeper", daemon=True).start()
 
     def teardown(self) -> None:
+        with suppress(Exception):  # the loop may end on a Redis error; the keeper is still up
+            self.finish_pending()
+        if self._writer is not None:
+            self._writer.shutdown()
         self._keeper_stop.set()
         with suppress(Exception):
             self.connection.hdel(paused_key(self.queues[0].name), self.name)
@@ -212,6 +231,17 @@ class DiffqWorker(SimpleWorker):
                 )
 
     def _keep_running_job(self) -> None:
+        with self._executions:  # not while the main thread completes a handed-off job
+            self._keep_pending_job()
+            self._keep_current_job()
+
+    def _keep_pending_job(self) -> None:
+        """The heartbeat of a job whose images are in the writer, while it still is this worker's."""
+        pending = self._pending
+        if pending is not None and self.owns(pending.job, pending.execution):
+            self._heartbeat(pending.job, pending.execution)
+
+    def _keep_current_job(self) -> None:
         job = self._running
         if job is None:
             self.heartbeat(self.worker_ttl)  # idle or paused: still alive, for producer status
@@ -272,6 +302,7 @@ class DiffqWorker(SimpleWorker):
         its queue and the process ends now, whatever the main thread is in the middle of."""
         job, queue = self._running, self._running_queue
         try:
+            self.give_back_pending(f"interrupted by a cold shutdown of {self.name} while writing; re-queued")
             if job is not None and queue is not None and self._lost != job.id:
                 self.give_back(job, queue, f"interrupted by a cold shutdown of {self.name}; re-queued")
                 log.warning("%s: cold shutdown; job %s re-queued at the front", why, job.id)  # fmt: skip
@@ -311,6 +342,8 @@ class DiffqWorker(SimpleWorker):
             if self.runtime is not None:
                 self.runtime.execution = None
         if self.exit_after_job is not None:
+            with suppress(Exception):
+                self.finish_pending()
             raise SystemExit(self.exit_after_job)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
@@ -354,6 +387,10 @@ class DiffqWorker(SimpleWorker):
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
 
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any) -> None:
+        if isinstance(job._result, Handed):  # the writer has its tail: completed in finish_pending
+            assert self.execution is not None and self._pending is None
+            self._pending = Pending(job, queue, started_job_registry, self.execution, job._result.future)
+            return
         self._give_backs = 0
         super().handle_job_success(job, queue, started_job_registry)
         keep = self.runtime.settings.keep_finished if self.runtime else 0
@@ -407,6 +444,75 @@ class DiffqWorker(SimpleWorker):
                 self._publish_state()
         return True
 
+    # -- overlap: a job's tail on the writer while the next one runs ---------------------------
+
+    def _hand_off(self, tail: Tail) -> Handed:
+        """Called by the job function once its images are made: at most one tail in the writer."""
+        self.finish_pending()
+        assert self._writer is not None
+        return self._writer.submit(tail)
+
+    def _pump(self) -> None:
+        """Between two denoising steps: complete the previous job if its tail is done. A Redis
+        error here must not fail the running job: the previous one keeps its record, and if
+        RQ never hears of it, its execution lapses and the re-run finds every item done."""
+        if self._pending is None or not self._pending.future.done():
+            return
+        try:
+            self.finish_pending()
+        except redis.RedisError as exc:
+            log.warning("could not complete the previous job in RQ (%s); it is re-queued and skipped", exc)
+
+    def finish_pending(self) -> None:
+        """Wait for the writer, then complete the handed-off job in RQ as ``perform_job`` would
+        have: success, or the failure path (a full disk gives it back and pauses the worker; a
+        lost job records nothing)."""
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            result = pending.future.result()
+        except Exception:
+            self._pending = None
+            with self._acting_for(pending.execution):
+                pending.job._status = JobStatus.FAILED
+                exc_info = sys.exc_info()
+                exc_string = "".join(traceback.format_exception(*exc_info))
+                self.handle_exception(pending.job, *exc_info)
+                self.handle_job_failure(
+                    pending.job, pending.queue, started_job_registry=pending.registry, exc_string=exc_string
+                )
+            return
+        self._pending = None
+        pending.job._result = result
+        with self._acting_for(pending.execution):
+            self.handle_job_success(pending.job, pending.queue, pending.registry)
+
+    def give_back_pending(self, reason: str) -> None:
+        """A cold stop: the job in the writer goes back to the front of its queue. Whatever the
+        writer records after this is fenced out; the files it finished are kept by the retry."""
+        pending, self._pending = self._pending, None
+        if pending is not None and self._lost != pending.job.id:
+            with self._acting_for(pending.execution, timeout=1.0):
+                self.give_back(pending.job, pending.queue, reason)
+
+    @contextmanager
+    def _acting_for(self, execution: Execution, timeout: float = -1) -> Iterator[None]:
+        """RQ's success and failure handlers work on ``self.execution``: point it at the handed-off
+        job's execution meanwhile (the keeper waits), then back at the running job's."""
+        locked = self._executions.acquire(timeout=timeout)
+        current = self.execution
+        self.execution = execution
+        try:
+            yield
+        finally:
+            self.execution = current
+            if self._running is not None:  # RQ's cleanup cleared the worker's current job
+                with suppress(redis.RedisError):
+                    self.set_current_job_id(self._running.id)
+            if locked:
+                self._executions.release()
+
     # -- waiting for work -------------------------------------------------------------------
 
     #: a subclass that must act while no job runs (a group's rank 0 pings its ranks) sets this
@@ -416,6 +522,12 @@ class DiffqWorker(SimpleWorker):
         """Called about every :attr:`idle_every_s` (and every burst wait) while no job runs."""
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        if self._pending is not None:
+            if not (self._stop_requested or self.paused or self._give_backs):
+                result = super().dequeue_job_and_maintain_ttl(None)  # a job waiting: take it now
+                if result is not None:
+                    return result
+            self.finish_pending()  # nothing to overlap with: complete the last job first
         said = ""
         while True:
             if self._stop_requested or not self._wait_out_pause():

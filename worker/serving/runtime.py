@@ -11,7 +11,9 @@ fenced recording.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.settings import Settings
 from worker.pipelines.backend import GenerationBackend
@@ -33,6 +35,12 @@ class Runtime:
     #: the running job's entry in RQ's started registry (``<job id>:<execution id>``), set by the
     #: diffq worker before each job: recording is fenced on it (see :mod:`common.ledger`)
     execution: str | None = None
+    #: set by the diffq worker when overlap is on: takes a job's tail (write and record its
+    #: images) for the writer thread and returns what the job function returns instead
+    #: (see :mod:`worker.serving.overlap`); None: the job runs its tail itself
+    hand_off: Callable[[Callable[[], dict[str, Any]]], Any] | None = None
+    #: completes the previous job in RQ if the writer is done with it; called between steps
+    pump: Callable[[], None] | None = None
 
 
 _current: Runtime | None = None

@@ -5,6 +5,9 @@ attempt wrote) → check space → get the warm pipeline and adapter → run the
 files → record. It is idempotent: every output name comes from the content hash, and the
 record step is fenced (see :mod:`common.ledger`): a worker that lost its job while it was
 stalled writes no metadata line, counts nothing and returns no result.
+
+The last two steps are the job's *tail*. On a diffq worker with overlap on, the tail runs on
+the worker's writer thread while the next job denoises (see :mod:`worker.serving.overlap`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ from common.naming import image_relpath, item_key, metadata_part
 from common.queues import RECENT_WINDOW_S, get_queue, images_key, intents_key, items_key, recent_key
 from common.settings import Settings
 from common.storage import Store, is_url
-from worker.faults import block_in_c, fail_early_attempts, install_oom_fault
+from worker.faults import block_in_c, fail_early_attempts, hold_writer, install_oom_fault
 from worker.output.images import (
     ENVIRONMENT_ERRNOS,
     check_space,
@@ -107,7 +111,7 @@ def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[
     }
 
 
-def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+def run_job(spec: dict[str, Any]) -> Any:
     started = time.perf_counter()
     rt = runtime.current()
     job = get_current_job()
@@ -123,20 +127,43 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     plan = _plan(conn, queue_name, chunk, output)
     progress = _Progress(job, images=chunk.num_images)
     timings = {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
-    records: list[dict[str, Any]] = []
     batch = BatchResult([], 0.0, 0.0, 0.0)
     if plan.todo:
         # 3. Room for the images, before any GPU time is spent on them (a bucket has no "full")
         if isinstance(output, Path):
             check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
-        # 4. Generate, then 5. write each image under its content-derived name
+        # 4. Generate
         batch = _generate(rt, chunk, plan, progress, timings)
+    # 5. and 6. on the writer thread while the next job denoises, where the worker has one
+    tail = partial(_tail, rt, job, rt.execution, queue_name, chunk, output, plan, batch, progress, timings, started)
+    if plan.todo and rt.hand_off is not None and job is not None:
+        return rt.hand_off(tail)
+    return tail()
+
+
+def _tail(
+    rt: runtime.Runtime,
+    job: Job | None,
+    execution: str | None,
+    queue_name: str,
+    chunk: JobSpec,
+    output: Path | Store,
+    plan: Plan,
+    batch: BatchResult,
+    progress: _Progress,
+    timings: dict[str, float],
+    started: float,
+) -> dict[str, Any]:
+    """5. write each image under its content-derived name, 6. record: metadata lines, items
+    done, counters, fenced on ``execution``. Returns the job's RQ result."""
+    conn: redis.Redis | None = job.connection if job is not None else None
+    records: list[dict[str, Any]] = []
+    if plan.todo:
+        hold_writer(rt.settings.fault_hold_writer)
         records = _save(chunk, plan, batch.images, output, timings)
         progress.update(images_done=plan.skipped + len(plan.existing) + len(records))
-
-    # 6. Record: metadata lines, items done, counters; fenced on this execution
     existing = [_item_record(chunk, item, key, i) | {"recovered": True} for key, item, i in plan.existing]
-    counted = _record(conn, queue_name, job, rt.execution, chunk, plan, output, records + existing, started)
+    counted = _record(conn, queue_name, job, execution, chunk, plan, output, records + existing, started)
     timings["total_s"] = time.perf_counter() - started
     progress.update(force=True, images_done=chunk.num_images)
     left = conn.llen(get_queue(queue_name, conn).key) if conn is not None else 0
@@ -159,6 +186,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         "output": chunk.output if isinstance(output, Store) else str(output),
         "timings": {k: round(v, 4) for k, v in timings.items()},
         "worker": rt.worker_name,
+        "written_at": time.time(),  # with overlap, after the next job has started
         "compiles": batch.compiles,  # graphs torch.compile built in this job (0 once warm)
         **({"fp16_redo": batch.fp16_redo} if batch.fp16_redo else {}),  # FP8 was not finite for these
     }
@@ -243,7 +271,7 @@ def _generate(
         negatives=[item.negative_prompt for _, item, _ in plan.todo],
         seeds=[item.seed + index for _, item, index in plan.todo],
         max_batch=limit,
-        on_step=lambda step, steps: progress.update(step=step, steps=steps),
+        on_step=lambda step, steps: _on_step(rt, progress, step, steps),
         on_progress=lambda text: progress.update(force=True, loading=text),
     )
     if fitted < len(plan.todo):
@@ -255,6 +283,12 @@ def _generate(
             "job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles
         )
     return result
+
+
+def _on_step(rt: runtime.Runtime, progress: _Progress, step: int, steps: int) -> None:
+    progress.update(step=step, steps=steps)
+    if rt.pump is not None:
+        rt.pump()  # the previous job's tail may be done: complete it in RQ
 
 
 def _save(
