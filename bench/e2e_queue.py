@@ -53,13 +53,19 @@ def write_prompts(csv: Path, n_images: int, adapters: list[str], chunk: int) -> 
     csv.write_text("prompt,adapter\n" + "".join(rows))
 
 
+def done_at(job: Job) -> float:
+    """When the job's images were on disk and recorded: with overlap the writer finishes a job
+    after RQ's ``ended_at`` (the end of the job function, i.e. of its GPU work)."""
+    return job.return_value().get("written_at") or job.ended_at.timestamp()
+
+
 def after_last_compile(ordered: list[Job]) -> float | None:
     """Images/s over the jobs after the last one that built a graph (one worker's runs)."""
     last = max((i for i, j in enumerate(ordered) if j.return_value().get("compiles")), default=0)
     rest = ordered[last + 1 :]
     if len(rest) < 2:
         return None
-    span = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
+    span = done_at(rest[-1]) - rest[0].started_at.timestamp()
     return round(sum(len(j.return_value()["files"]) for j in rest) / span, 4)
 
 
@@ -74,7 +80,7 @@ def queue_overhead(ordered: list[Job]) -> float | None:
     rest = ordered[1:]
     if len(rest) < 2:
         return None
-    span = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
+    span = done_at(rest[-1]) - rest[0].started_at.timestamp()
     return round(1 - sum(pipeline_s(j) for j in rest) / span, 4)
 
 
@@ -136,7 +142,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     ids = queue.finished_job_registry.get_job_ids()
     jobs = [j for j in Job.fetch_many(ids, connection=conn, serializer=JSONSerializer) if j]
     starts = [j.started_at.timestamp() for j in jobs]
-    ends = [j.ended_at.timestamp() for j in jobs]
+    ends = [done_at(j) for j in jobs]
     images = sum(len(j.return_value()["files"]) for j in jobs)
     span = max(ends) - min(starts)
     per_worker: dict[str, list[Job]] = {}
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         wjobs.sort(key=lambda j: j.started_at)
         if len(wjobs) > 1:
             rest = wjobs[1:]
-            wspan = rest[-1].ended_at.timestamp() - rest[0].started_at.timestamp()
+            wspan = done_at(rest[-1]) - rest[0].started_at.timestamp()
             steady += sum(len(j.return_value()["files"]) for j in rest) / wspan
     timings = [j.return_value()["timings"] for j in jobs]
     ordered = sorted(jobs, key=lambda j: j.started_at)
@@ -159,6 +165,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "gpus": gpus,
         "chunk": args.chunk,
         "speedups": args.speedups,
+        "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
         "model": "sdxl-random",
         "size": 1024,
         "steps": args.steps,

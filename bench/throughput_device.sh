@@ -4,6 +4,7 @@
 # first (carry .whl with torchao, and .redis).
 #   bash bench/throughput_device.sh base defaults match:defaults adapters   # call 1
 #   bash bench/throughput_device.sh start:cold start:warm fp8 match:fp8     # call 2
+#   BASE_BUDGET=75 IMAGES=40 bash bench/throughput_device.sh base defaults start:warm serial  # overlap
 set -u
 OUT=${OUT:-/tmp/out}
 R=$OUT/throughput.jsonl
@@ -13,10 +14,10 @@ for phase in "$@"; do
   case $phase in
     base)  # matmul ceiling, FLOPs, plain pipe() per image, run_batch at batch 8, + vae-fp16
       (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1 &)
-      timeout 150 python3 bench/pipeline.py --out $R --batches 8 --levers vae-fp16 --repeats 1 --budget-s 120 \
+      timeout 150 python3 bench/pipeline.py --out $R --batches 8 --levers vae-fp16 --repeats 1 --budget-s ${BASE_BUDGET:-120} \
         > $OUT/base.log 2>&1 ;;
     defaults)  # the worker's defaults through the queue, on a cold compile cache
-      timeout 240 python3 bench/e2e_queue.py --out $R --tag defaults --images-per-gpu 48 --timeout 230 \
+      timeout 240 python3 bench/e2e_queue.py --out $R --tag defaults --images-per-gpu ${IMAGES:-48} --timeout 230 \
         > $OUT/defaults.log 2>&1 ;;
     match:*)  # a run's images against the plain eager fp16 pipeline, same prompts and seeds
       tag=${phase#match:}
@@ -28,8 +29,11 @@ for phase in "$@"; do
         --adapters none,/tmp/adapters/lora,/tmp/adapters/dora > $OUT/adapters-e2e.log 2>&1 ;;
     start:*)  # the defaults, a fresh worker: first image on whatever compile cache the host has now
       tag=${phase#start:}
-      timeout 240 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 24 --timeout 230 \
+      timeout 240 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu ${START_IMAGES:-24} --timeout 230 \
         > $OUT/start-$tag.log 2>&1 ;;
+    serial)  # the defaults with overlap off (DIFFQ_OVERLAP_SAVE=0), a fresh worker on the warm cache
+      DIFFQ_OVERLAP_SAVE=0 timeout 240 python3 bench/e2e_queue.py --out $R --tag serial --images-per-gpu 32 \
+        --timeout 230 > $OUT/serial.log 2>&1 ;;
     e2e:*)  # e2e:<tag>:<speedups> through the queue, 32 images
       spec=${phase#e2e:}; tag=${spec%%:*}; levers=${spec#*:}
       timeout 300 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 32 --timeout 290 \
