@@ -83,6 +83,7 @@ def main() -> None:
             "max_batch": batch,
         }  # fmt: skip
         times: list[float] = []
+        first_call_s = 0.0
         answer = None
         for run in range(args.runs + 1):  # the first call warms up kernels and is not counted
             dist.barrier()
@@ -93,6 +94,8 @@ def main() -> None:
             dist.barrier()
             if run:
                 times.append(time.perf_counter() - t0)
+            else:
+                first_call_s = time.perf_counter() - t0  # kernels, and the compile when one is on
             if answer.error:
                 raise SystemExit(answer.error)
         holder_images = answer.images if answer is not None else None
@@ -111,6 +114,8 @@ def main() -> None:
             "calls": [round(t, 4) for t in times],
             "s_per_img": round(min(times) / batch, 4),
             "load_s": round(load_s, 1),
+            "first_call_s": round(first_call_s, 1),
+            "speedups": os.environ.get("DIFFQ_SPEEDUPS", "auto"),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "torch": torch.__version__,
         }

@@ -4,6 +4,7 @@
 #   bash bench/group_device.sh flux4  # FLUX: 4 GPUs (Ulysses, Ulysses×ring, Ulysses×PipeFusion), then through the queue
 #   bash bench/group_device.sh flux8  # FLUX: 4 and 8 GPUs, then the group through the queue
 #   bash bench/group_device.sh profile2  # FLUX: 1 GPU, Ulysses 2, ring 2 under torch.profiler; the 2-GPU group through the queue
+#   bash bench/group_device.sh compile2  # FLUX: 1 GPU and Ulysses 2, eager and compile-blocks; the group through the queue
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
 R=$OUT/group.jsonl
@@ -55,6 +56,24 @@ profile2)  # issue 16 goal 1: where one FLUX image's time goes on 2 GPUs, with 1
   timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ring-degree 2 --runs 1 --compare /tmp/flux1.npy --out $R \
     --label flux-r2 --profile $OUT/prof-r2 > $OUT/flux2r.log 2>&1
   timeout 130 python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" --jobs 4 --out $R > $OUT/queue2.log 2>&1
+  ;;
+compile2)  # issue 16 goals 2 and 4: compile-blocks under xDiT against 1 GPU (eager and compiled), then the
+  # 2-GPU group through the queue with the writer overlapping PNGs, eager and compiled; one compile cache
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  C=vae-fp16,compile-blocks
+  nvidia-smi topo -m > $OUT/topo.txt
+  timeout 100 $TR --nproc-per-node 1 bench/group.py $F --runs 1 --save /tmp/flux1.npy --out $R --label flux-1gpu > $OUT/flux1.log 2>&1
+  DIFFQ_SPEEDUPS=$C timeout 200 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --compare /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1
+  timeout 100 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 1 --compare /tmp/flux1.npy --out $R \
+    --label flux-u2 > $OUT/flux2.log 2>&1
+  DIFFQ_SPEEDUPS=$C timeout 200 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 --compare /tmp/flux1.npy \
+    --out $R --label flux-u2-compiled > $OUT/flux2c.log 2>&1
+  [ $SECONDS -lt 420 ] && timeout 90 python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" --jobs 8 --out $R \
+    > $OUT/queue2.log 2>&1
+  [ $SECONDS -lt 470 ] && DIFFQ_SPEEDUPS=$C timeout 100 python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" \
+    --jobs 8 --out $R > $OUT/queue2c.log 2>&1
+  tar czf $OUT/logs.tgz -C $OUT --exclude logs.tgz --exclude group.jsonl . 2>/dev/null
   ;;
 esac
 cat $R

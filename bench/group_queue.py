@@ -29,6 +29,11 @@ from rq.serializers import JSONSerializer
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def done_at(job: Job) -> float:
+    """When the job's images were written and recorded (``written_at``, after ``ended_at`` with overlap)."""
+    return (job.return_value() or {}).get("written_at") or job.ended_at.timestamp()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, required=True)
@@ -86,9 +91,21 @@ def main() -> None:
         - sum((j.return_value() or {}).get("timings", {}).get(k, 0.0) for k in ("encode_s", "denoise_s", "decode_s"))
         for j in (jobs[1:] or jobs)
     ]
+    # steady throughput: from the second job's start until the last job's images are written
+    # (with overlap, RQ's ended_at is the end of the GPU work; the writer finishes after it)
+    rest = jobs[1:]
+    span = (done_at(rest[-1]) - rest[0].started_at.timestamp()) if len(rest) >= 2 else None
+    pipeline = sum(
+        sum((j.return_value() or {}).get("timings", {}).get(k, 0.0) for k in ("encode_s", "denoise_s", "decode_s"))
+        for j in rest
+    )
     record = {
         "t": round(time.time(), 1),
         "kind": "group-queue",
+        "speedups": os.environ.get("DIFFQ_SPEEDUPS", "auto"),
+        "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
+        "steady_s_per_job": round(span / len(rest), 4) if span else None,
+        "queue_overhead_frac": round(1 - pipeline / span, 4) if span else None,
         "model": args.model,
         "gpus": args.gpus,
         "degrees": args.degrees,

@@ -206,3 +206,43 @@ def test_a_worker_that_cannot_compile_runs_its_jobs_eagerly_and_says_why_once(tm
     assert run.stdout.splitlines() == ["images 2 levers none", "images 3 levers none"]
     told = [line for line in run.stderr.splitlines() if "torch.compile failed on this worker" in line]
     assert len(told) == 1 and "No working C++ compiler" in told[0] and "--speedups none" in told[0]
+
+
+#: a FLUX pipeline small enough for the CPU: one double- and one single-stream block
+TINY_FLUX = {
+    "transformer": {"patch_size": 1, "in_channels": 16, "num_layers": 1, "num_single_layers": 1,
+                    "attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": 32,
+                    "pooled_projection_dim": 32, "guidance_embeds": True, "axes_dims_rope": [4, 6, 6]},
+    "vae": {"sample_size": 32, "in_channels": 3, "out_channels": 3, "block_out_channels": (4,), "layers_per_block": 1,
+            "latent_channels": 4, "norm_num_groups": 1, "use_quant_conv": False, "use_post_quant_conv": False,
+            "shift_factor": 0.0609, "scaling_factor": 1.5035, "down_block_types": ("DownEncoderBlock2D",),
+            "up_block_types": ("UpDecoderBlock2D",)},
+    "clip": {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "num_hidden_layers": 1,
+             "projection_dim": 32, "hidden_act": "gelu", "layer_norm_eps": 1e-5},
+    "t5": {"d_model": 32, "d_ff": 37, "d_kv": 8, "num_heads": 4, "num_layers": 1, "relative_attention_num_buckets": 8},
+}  # fmt: skip
+
+
+def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel():
+    """The DiT path of ``compile-blocks`` (xDiT groups run FLUX): each repeated block compiled
+    regionally, the images those of the eager pipeline, and a second batch builds no graph."""
+    from worker.pipelines.models import build_flux
+    from worker.pipelines.speedups import apply, graphs_compiled
+
+    params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
+    eager = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    compiled = copy.deepcopy(eager)
+    apply(compiled, Speedups(frozenset({"compile-blocks"})))
+    blocks = [*compiled.transformer.transformer_blocks, *compiled.transformer.single_transformer_blocks]
+    assert all(block._compiled_call_impl is not None for block in blocks)
+    prompts, seeds = ["a red fox", "a blue jay"], [3, 4]
+    reference = run_batch(eager, params, prompts, ["", ""], seeds)
+    before = graphs_compiled()
+    first = run_batch(compiled, params, prompts, ["", ""], seeds)
+    assert graphs_compiled() > before
+    built = graphs_compiled()
+    again = run_batch(compiled, params, prompts, ["", ""], seeds)
+    assert graphs_compiled() == built
+    for ref, got, second in zip(reference.images, first.images, again.images, strict=True):
+        assert np.abs(pixels(ref) - pixels(got)).max() <= 2
+        assert np.array_equal(pixels(got), pixels(second))
