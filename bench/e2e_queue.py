@@ -102,11 +102,13 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             "enqueue",
             str(csv),
             "--model",
-            "sdxl-random",
+            args.model,
             "--chunk-size",
             str(args.chunk),
             "--steps",
             str(args.steps),
+            "--guidance",
+            str(args.guidance),
             "--output",
             str(out_dir),
         ],
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
                 ",".join(map(str, range(gpus))),
                 "--burst",
                 "--preload",
-                "sdxl-random",
+                args.model,
                 "--speedups",
                 args.speedups,
             ],
@@ -165,11 +167,12 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "gpus": gpus,
         "chunk": args.chunk,
         "speedups": args.speedups,
+        "dtype": os.environ.get("DIFFQ_DTYPE", "auto"),
         "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
-        "model": "sdxl-random",
+        "model": args.model,
         "size": 1024,
         "steps": args.steps,
-        "guidance": 5.0,
+        "guidance": args.guidance,
         "adapters": adapters,
         "compiles_first_job": ordered[0].return_value().get("compiles"),
         "compiles_after_first_job": sum(j.return_value().get("compiles", 0) for j in ordered[1:]),
@@ -205,6 +208,8 @@ def main() -> None:
     ap.add_argument("--images-per-gpu", type=int, default=48)
     ap.add_argument("--chunk", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--model", default="sdxl-random")
+    ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--speedups", default="auto")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument(

@@ -4,6 +4,7 @@
 #   bash bench/group_device.sh flux4  # FLUX: 4 GPUs (Ulysses, Ulysses×ring, Ulysses×PipeFusion), then through the queue
 #   bash bench/group_device.sh flux8  # FLUX: 4 and 8 GPUs, then the group through the queue
 #   bash bench/group_device.sh profile2  # FLUX: 1 GPU, Ulysses 2, ring 2 under torch.profiler; the 2-GPU group through the queue
+#   bash bench/group_device.sh groups2   # a data-parallel group next to 2 workers (FLUX); SDXL CFG parallel compiled
 #   bash bench/group_device.sh compile2  # FLUX: 1 GPU and Ulysses 2, eager and compile-blocks; the group through the queue
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -73,6 +74,23 @@ compile2)  # issue 16 goals 2 and 4: compile-blocks under xDiT against 1 GPU (ea
     > $OUT/queue2.log 2>&1
   [ $SECONDS -lt 470 ] && DIFFQ_SPEEDUPS=$C timeout 100 python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" \
     --jobs 8 --out $R > $OUT/queue2c.log 2>&1
+  tar czf $OUT/logs.tgz -C $OUT --exclude logs.tgz --exclude group.jsonl . 2>/dev/null
+  ;;
+groups2)  # issue 16 goal 3 (a data-parallel group next to two single-GPU workers, FLUX, eager) and
+  # goal 5 (SDXL CFG parallel with compile-blocks, batch 1 and 4, against 1 GPU with the same levers)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 100 python3 bench/group_queue.py --gpus 2 $F --degrees "--data-parallel-degree 2" --chunk 2 --jobs 6 --out $R \
+    > $OUT/queue-dp2.log 2>&1
+  timeout 100 python3 bench/e2e_queue.py --gpu-counts 2 --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
+    --images-per-gpu 6 --tag flux --timeout 95 --out $R > $OUT/singles2.log 2>&1
+  SC=vae-fp16,compile-blocks
+  timeout 90 $TR --nproc-per-node 1 bench/group.py $S --batches 1,4 --save /tmp/sdxl1.npy --out $R --label sdxl-1gpu > $OUT/sdxl1.log 2>&1
+  timeout 90 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1,4 --compare /tmp/sdxl1.npy --out $R \
+    --label sdxl-cfg2 > $OUT/sdxl2.log 2>&1
+  [ $SECONDS -lt 360 ] && DIFFQ_SPEEDUPS=$SC timeout 150 $TR --nproc-per-node 1 bench/group.py $S --batches 1,4 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-compiled > $OUT/sdxl1c.log 2>&1
+  [ $SECONDS -lt 430 ] && DIFFQ_SPEEDUPS=$SC timeout 130 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1,4 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2-compiled > $OUT/sdxl2c.log 2>&1
   tar czf $OUT/logs.tgz -C $OUT --exclude logs.tgz --exclude group.jsonl . 2>/dev/null
   ;;
 esac

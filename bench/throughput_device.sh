@@ -4,6 +4,7 @@
 # first (carry .whl with torchao, and .redis).
 #   bash bench/throughput_device.sh base defaults match:defaults adapters   # call 1
 #   bash bench/throughput_device.sh start:cold start:warm fp8 match:fp8     # call 2
+#   IMAGES=32 bash bench/throughput_device.sh defaults e2e:vaec:vae-fp16,compile-blocks,compile-resnets,compile-vae fp8row
 #   BASE_BUDGET=75 IMAGES=40 bash bench/throughput_device.sh base defaults start:warm serial  # overlap
 set -u
 OUT=${OUT:-/tmp/out}
@@ -34,6 +35,9 @@ for phase in "$@"; do
     serial)  # the defaults with overlap off (DIFFQ_OVERLAP_SAVE=0), a fresh worker on the warm cache
       DIFFQ_OVERLAP_SAVE=0 timeout 240 python3 bench/e2e_queue.py --out $R --tag serial --images-per-gpu 32 \
         --timeout 230 > $OUT/serial.log 2>&1 ;;
+    fp8row)  # FP8 with per-row scales: a bf16 UNet (torchao takes per-row scales from bf16 weights only)
+      [ $SECONDS -lt ${FP8_BEFORE_S:-330} ] && DIFFQ_DTYPE=bfloat16 timeout 300 python3 bench/e2e_queue.py --out $R \
+        --tag fp8row --images-per-gpu 24 --timeout 290 --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8row.log 2>&1 ;;
     e2e:*)  # e2e:<tag>:<speedups> through the queue, 32 images
       spec=${phase#e2e:}; tag=${spec%%:*}; levers=${spec#*:}
       timeout 300 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 32 --timeout 290 \

@@ -29,6 +29,7 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "fuse-qkv": "fused QKV projections in the UNet's attention",
     "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
     "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
+    "compile-vae": "torch.compile of the VAE decoder (one graph; more warm-up)",
     "fp8": "FP8 linears in the UNet (torchao; Hopper only, opt-in; a non-finite batch is redone in fp16)",
 }
 

@@ -246,3 +246,16 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
     for ref, got, second in zip(reference.images, first.images, again.images, strict=True):
         assert np.abs(pixels(ref) - pixels(got)).max() <= 2
         assert np.array_equal(pixels(got), pixels(second))
+
+
+@pytest.mark.slow
+def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(cache_dir):
+    eager = PipelineCache(str(cache_dir), device="cpu", speedups="none")
+    compiled = PipelineCache(str(cache_dir), device="cpu", speedups="compile-vae")
+    reference = job(eager, 4)
+    first = job(compiled, 4)
+    assert first.compiles > 0
+    assert compiled.get("tiny")[0].pipe.vae.decoder._compiled_call_impl is not None
+    for ref, got in zip(reference.images, first.images, strict=True):
+        assert np.abs(pixels(ref) - pixels(got)).max() <= 2
+    assert [job(compiled, n).compiles for n in (3, 1)] == [0, 0]
