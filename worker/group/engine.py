@@ -38,6 +38,10 @@ from worker.serving.failures import classify
 log = logging.getLogger("diffq.group")
 
 
+#: what ``--speedups auto`` means for a group on CUDA
+GROUP_CUDA_DEFAULT = "vae-fp16,compile-blocks"
+
+
 class RankEngine:
     def __init__(self, settings: Settings, layout: GroupLayout, rank: int, world: int) -> None:
         self.settings = settings
@@ -47,11 +51,12 @@ class RankEngine:
         self.per_dp = world // layout.data_parallel_degree
         self.dp_rank = rank // self.per_dp
         self.holder = True  # whether this rank ends a batch with its dp group's images
-        # a group keeps the levers it was measured with: the single-GPU compile defaults are not
-        # measured under a group's CFG split or xDiT's wrappers (docs/benchmarks.md)
+        # a group's own defaults, measured under its splits on 2 H200s (docs/benchmarks.md):
+        # compile-blocks takes FLUX under Ulysses 2 from 3.76 to 2.72 s and SDXL under CFG
+        # parallel 8-9 % lower; compile-resnets was not measured there
         speedups = settings.speedups
         if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
-            speedups = "vae-fp16"
+            speedups = GROUP_CUDA_DEFAULT
         self.pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, speedups)
         self.loaded: LoadedPipeline | None = None
         self.fail_marker = ""  # tests: this rank raises on prompts containing it

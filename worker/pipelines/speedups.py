@@ -34,7 +34,7 @@ log = logging.getLogger("diffq.worker")
 
 LEVERS = SPEEDUP_LEVERS
 #: chosen by the measurements in docs/benchmarks.md (CUDA only; the CPU runs the plain pipeline)
-CUDA_DEFAULT = ("vae-fp16", "compile-blocks", "compile-resnets", "compile-vae")
+CUDA_DEFAULT = ("vae-fp16", "compile-blocks", "compile-resnets")
 COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets", "compile-vae"})
 #: torchao's FP8 matmuls need Hopper (sm_90) or newer
 FP8_CAPABILITY = (9, 0)
