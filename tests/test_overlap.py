@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 from conftest import SLOW, assert_exactly_once, images_under, kill, producer, start_worker, wait_for
@@ -118,3 +119,33 @@ def test_a_full_disk_found_by_the_writer_gives_the_job_back_and_pauses(env, conn
     finally:
         kill(worker)
     assert_exactly_once(out, 2)
+
+
+@pytest.mark.slow
+def test_a_cold_stop_gives_back_the_job_in_the_writer_and_the_running_one(env, conn, tmp_path):
+    out = _enqueue(tmp_path, 3)
+    ids = list(get_queue("diffq", conn).job_ids)
+    log = tmp_path / "w.log"
+    worker = start_worker({**env, "DIFFQ_FAULT_HOLD_WRITER": str(tmp_path / "never")}, log, "--name", "COLD")
+    try:
+        wait_for(lambda: _denoising(conn, ids[1]), 240, "the second job denoising")
+        worker.send_signal(signal.SIGTERM)
+        wait_for(lambda: "warm shutdown" in log.read_text(), 120, "the warm shutdown line")
+        time.sleep(1.2)  # more than a second later: a second request, not the same one twice
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(120) == 1, log.read_text()
+    finally:
+        kill(worker)
+    queue = get_queue("diffq", conn)
+    # both back at the front, retries untouched; the third was never taken
+    assert sorted(queue.job_ids[:2]) == sorted(ids[:2]) and queue.job_ids[2] == ids[2]
+    assert all(j.retries_left == 3 for j in _jobs(conn, ids))
+    assert not conn.zcard(queue.started_job_registry.key)
+    assert images_under(out) == []
+    drain = start_worker(env, tmp_path / "d.log", "--burst", "--name", "D")
+    try:
+        assert drain.wait(300) == 0, (tmp_path / "d.log").read_text()
+    finally:
+        kill(drain)
+    assert_exactly_once(out, 6)
+    assert int(conn.get(images_key("diffq"))) == 6
