@@ -30,6 +30,15 @@ def _denoising(conn, job_id: str) -> bool:
     return job.get_status() == JobStatus.STARTED and (job.meta.get("step") or 0) >= 2
 
 
+def _drain(env, log) -> None:
+    """A fresh burst worker until the queue is empty; it must exit 0."""
+    worker = start_worker(env, log, "--burst", "--name", "DRAIN")
+    try:
+        assert worker.wait(300) == 0, log.read_text()
+    finally:
+        kill(worker)
+
+
 def _enqueue(tmp_path, n_jobs: int):
     rows = tmp_path / "p.csv"
     rows.write_text("prompt\n" + "".join(f"overlap prompt {i}\n" for i in range(2 * n_jobs)), encoding="utf-8")
@@ -80,11 +89,7 @@ def test_a_worker_killed_with_images_in_the_writer_loses_nothing(env, conn, tmp_
     finally:
         kill(first)  # job 1 in the writer, job 2 on the GPU: both die with it
     assert images_under(out) == []
-    second = start_worker(fast, tmp_path / "b.log", "--burst", "--name", "B")
-    try:
-        assert second.wait(300) == 0, (tmp_path / "b.log").read_text()
-    finally:
-        kill(second)
+    _drain(fast, tmp_path / "b.log")
     assert [j.get_status() for j in _jobs(conn, ids)] == [JobStatus.FINISHED] * 3
     assert_exactly_once(out, 6)
     assert int(conn.get(images_key("diffq"))) == 6
@@ -142,10 +147,6 @@ def test_a_cold_stop_gives_back_the_job_in_the_writer_and_the_running_one(env, c
     assert all(j.retries_left == 3 for j in _jobs(conn, ids))
     assert not conn.zcard(queue.started_job_registry.key)
     assert images_under(out) == []
-    drain = start_worker(env, tmp_path / "d.log", "--burst", "--name", "D")
-    try:
-        assert drain.wait(300) == 0, (tmp_path / "d.log").read_text()
-    finally:
-        kill(drain)
+    _drain(env, tmp_path / "d.log")
     assert_exactly_once(out, 6)
     assert int(conn.get(images_key("diffq"))) == 6
