@@ -37,6 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -470,11 +471,12 @@ class DiffqWorker(SimpleWorker):
         pending = self._pending
         if pending is None:
             return
-        try:
-            result = pending.future.result()
-        except Exception:
-            self._pending = None
-            with self._acting_for(pending.execution):
+        wait([pending.future])  # the keeper heartbeats the job meanwhile
+        self._pending = None
+        with self._acting_for(pending.execution):
+            try:
+                pending.job._result = pending.future.result()
+            except Exception:  # handle_job_failure reads the exception from sys.exc_info()
                 pending.job._status = JobStatus.FAILED
                 exc_info = sys.exc_info()
                 exc_string = "".join(traceback.format_exception(*exc_info))
@@ -482,11 +484,8 @@ class DiffqWorker(SimpleWorker):
                 self.handle_job_failure(
                     pending.job, pending.queue, started_job_registry=pending.registry, exc_string=exc_string
                 )
-            return
-        self._pending = None
-        pending.job._result = result
-        with self._acting_for(pending.execution):
-            self.handle_job_success(pending.job, pending.queue, pending.registry)
+            else:
+                self.handle_job_success(pending.job, pending.queue, pending.registry)
 
     def give_back_pending(self, reason: str) -> None:
         """A cold stop: the job in the writer goes back to the front of its queue. Whatever the
