@@ -11,12 +11,14 @@ lost a rank (its job was re-queued; torchrun ``--max-restarts`` or compose resta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -25,6 +27,10 @@ from common.errors import DiffqError
 from common.settings import Settings, redact
 from worker.group.config import DEFAULT_TIMEOUT_S, GroupLayout
 
+#: the key rank 0 sets in torchrun's store once it has printed a start-up mistake
+SAID_KEY = "diffq/start-up-error-said"
+#: how long the other ranks wait for that before they exit anyway
+SAID_WAIT_S = 60
 #: how long ranks wait for each other to finish loading the model (a cold hub download is slow)
 LOAD_TIMEOUT_S = 1800
 
@@ -36,9 +42,32 @@ def _rank() -> tuple[int, int]:
 
 
 def _fail(exc: DiffqError, rank: int) -> None:
-    if rank == 0:  # every rank finds the same mistake; one line is enough
+    """Every rank finds the same mistake and one line is enough: rank 0 says it. The others wait
+    until it has (a key in torchrun's own store, at most :data:`SAID_WAIT_S`): torchrun stops the
+    remaining ranks as soon as one exits, and would stop a rank 0 still importing before it spoke."""
+    store = _launcher_store()
+    if rank == 0:
         click.echo(f"error: {exc}", err=True)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.set(SAID_KEY, "1")
+    elif store is not None:
+        with contextlib.suppress(Exception):
+            store.wait([SAID_KEY], timedelta(seconds=SAID_WAIT_S))
     sys.exit(exc.exit_code)
+
+
+def _launcher_store() -> Any:
+    """torchrun's key-value store (``MASTER_ADDR:MASTER_PORT``), or None outside torchrun."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return None
+    try:
+        from torch.distributed import TCPStore
+
+        return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=SAID_WAIT_S))
+    except Exception:
+        return None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
