@@ -2,7 +2,14 @@
 #   carry: .whl (diffusers, rq, redis, croniter, importlib_metadata, lazy_importer; for groups
 #          xfuser, distvae, yunchang, einops, beautifulsoup4, soupsieve)
 #          .redis (Debian's redis-tools + libjemalloc2, liblzf1, libatomic1, unpacked with dpkg -x)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  $(ls .whl/*.whl | grep -v /torchao-) || return 1
+# torchao only on the FP8 phases' path (PYTHONPATH=/tmp/site-fp8:...): the project does not depend on it, and
+# diffusers imports it at start-up whenever it is installed
+ls .whl/torchao-*.whl >/dev/null 2>&1 && { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site-fp8 .whl/torchao-*.whl || return 1; }
+# bytecode now, as pip does by default (and the Dockerfile's pip): else every worker compiles diffusers' sources
+python3 -m compileall -q -j 0 /tmp/site /tmp/site-fp8 >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p /tmp/redis-bin
 ln -sf "$PWD/.redis/usr/bin/redis-check-rdb" /tmp/redis-bin/redis-server   # one binary; argv[0] picks the mode

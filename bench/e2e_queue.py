@@ -84,6 +84,29 @@ def queue_overhead(ordered: list[Job]) -> float | None:
     return round(1 - sum(pipeline_s(j) for j in rest) / span, 4)
 
 
+def start_up(log: Path, launched: float) -> dict:
+    """Where the time to a worker's first job went, read from the first worker's log lines:
+    launch to a serving worker (interpreter, imports, Redis), the model load, the warm-up."""
+    import re
+    from datetime import datetime
+
+    found: dict = {}
+    stamp = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) gpu=\S+ INFO (.*)")
+    for line in log.read_text(errors="replace").splitlines():
+        match = stamp.search(line)
+        if not match:
+            continue
+        at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        message = match[2]
+        if " serving queue " in message:
+            found.setdefault("launch_to_serving_s", round(at - launched, 2))
+        elif seconds := re.search(r"model \S+ ready in ([\d.]+)s", message):
+            found.setdefault("load_s", float(seconds[1]))
+        elif seconds := re.search(r"compiled for \S+ in ([\d.]+)s", message):
+            found.setdefault("warm_up_s", float(seconds[1]))
+    return found
+
+
 def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     queue_name = f"bench{gpus}{args.tag.replace('-', '')}"
     conn.flushdb()  # a warm machine keeps the last run's Redis: start from nothing
@@ -187,6 +210,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "steady_img_per_s": round(steady, 4),
         "launch_to_first_image_s": round(min(ends) - launched, 2),
         "launch_to_exit_s": round(finished - launched, 2),
+        **start_up(log, launched),
         "median_job_s": round(sorted(e - s for s, e in zip(starts, ends, strict=True))[len(jobs) // 2], 3),
         "median_save_s": round(sorted(t["save_s"] for t in timings)[len(timings) // 2], 4),
         "median_decode_s": round(sorted(t["decode_s"] for t in timings)[len(timings) // 2], 4),

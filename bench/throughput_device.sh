@@ -13,6 +13,19 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 for phase in "$@"; do
   echo "== $phase $(date +%T)" | tee -a $OUT/phases.txt
   case $phase in
+    startup)  # where a worker's start goes: interpreter + torch + CUDA, then the worker's imports
+      python3 -c "import sys, os; print('dont_write_bytecode', sys.flags.dont_write_bytecode, os.cpu_count(), 'cpus')" \
+        | tee -a $OUT/startup.txt
+      TIMEFORMAT="%R s"
+      for i in 1 2; do
+        { echo -n "torch + CUDA context: "; time python3 -c "import torch; torch.zeros(1, device='cuda')"; } 2>&1 | tee -a $OUT/startup.txt
+        { echo -n "worker imports: "; time python3 -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 \
+          | tee -a $OUT/startup.txt
+      done
+      { echo -n "worker imports, torchao on the path: "; time PYTHONPATH=/tmp/site-fp8:$PYTHONPATH \
+          python3 -W ignore -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/startup.txt
+      python3 -X importtime -c "import worker.pipelines.cache, worker.serving.rqworker" 2> $OUT/importtime.txt
+      sort -t'|' -k2 -n -r $OUT/importtime.txt | head -25 >> $OUT/startup.txt ;;
     base)  # matmul ceiling, FLOPs, plain pipe() per image, run_batch at batch 8, + vae-fp16
       (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1 &)
       timeout 150 python3 bench/pipeline.py --out $R --batches 8 --levers vae-fp16 --repeats 1 --budget-s ${BASE_BUDGET:-120} \
@@ -36,14 +49,14 @@ for phase in "$@"; do
       DIFFQ_OVERLAP_SAVE=0 timeout 240 python3 bench/e2e_queue.py --out $R --tag serial --images-per-gpu 32 \
         --timeout 230 > $OUT/serial.log 2>&1 ;;
     fp8row)  # FP8 with per-row scales: a bf16 UNet (torchao takes per-row scales from bf16 weights only)
-      [ $SECONDS -lt ${FP8_BEFORE_S:-330} ] && DIFFQ_DTYPE=bfloat16 timeout 300 python3 bench/e2e_queue.py --out $R \
+      [ $SECONDS -lt ${FP8_BEFORE_S:-330} ] && PYTHONPATH=/tmp/site-fp8:$PYTHONPATH DIFFQ_DTYPE=bfloat16 timeout 300 python3 bench/e2e_queue.py --out $R \
         --tag fp8row --images-per-gpu 24 --timeout 290 --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8row.log 2>&1 ;;
-    e2e:*)  # e2e:<tag>:<speedups> through the queue, 32 images
+    e2e:*)  # e2e:<tag>:<speedups> through the queue, 32 images (skipped past E2E_BEFORE_S into the call)
       spec=${phase#e2e:}; tag=${spec%%:*}; levers=${spec#*:}
-      timeout 300 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 32 --timeout 290 \
+      [ $SECONDS -lt ${E2E_BEFORE_S:-9999} ] && timeout 300 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 32 --timeout 290 \
         --speedups $levers > $OUT/e2e-$tag.log 2>&1 ;;
     fp8)  # FP8 linears (opt-in) with vae-fp16 and compile-blocks, as measured before this issue
-      timeout 420 python3 bench/e2e_queue.py --out $R --tag fp8 --images-per-gpu 32 --timeout 410 \
+      PYTHONPATH=/tmp/site-fp8:$PYTHONPATH timeout 420 python3 bench/e2e_queue.py --out $R --tag fp8 --images-per-gpu 32 --timeout 410 \
         --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8.log 2>&1
       grep -v "INFO Worker\|Successfully\|SyntaxWarning\|Configuration class" $OUT/worker-bench1fp8.log | cut -c1-400 | tail -25 ;;
   esac

@@ -30,6 +30,7 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
     "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
     "compile-vae": "torch.compile of the VAE decoder (one graph; more warm-up)",
+    "cudnn-benchmark": "let cuDNN time its convolution algorithms per shape (UNet and VAE convs; at warm-up)",
     "fp8": "FP8 linears in the UNet (torchao; Hopper only, opt-in; a non-finite batch is redone in fp16)",
 }
 

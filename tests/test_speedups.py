@@ -129,6 +129,19 @@ def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
     assert Speedups.parse("auto", torch.device("cpu")).levers == frozenset()
 
 
+def test_cudnn_benchmark_is_switched_on_by_its_lever_only(cache_dir, monkeypatch):
+    """cuDNN times its conv algorithms only when asked (a process-wide switch); asking is a lever,
+    measured like the others, not a side effect of loading a pipeline."""
+    from worker.pipelines.speedups import apply
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
+    apply(loaded.pipe, Speedups.parse("vae-fp16", torch.device("cpu")))
+    assert torch.backends.cudnn.benchmark is False
+    apply(loaded.pipe, Speedups.parse("vae-fp16,cudnn-benchmark", torch.device("cpu")))
+    assert torch.backends.cudnn.benchmark is True
+
+
 def test_an_fp8_quantization_that_fails_is_a_model_load_error_not_a_crash(cache_dir):
     """torchao asserts on what it cannot quantize (per-row scales for fp16 weights, in 0.18); on a
     worker that is a model-load error (breaker, job given back), not a traceback and a restart loop.
