@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--dtype", default="float16", help="the eager pipeline's dtype (bfloat16 for a bf16 run)")
     args = ap.parse_args()
     records = [json.loads(line) for line in (args.output / "metadata.jsonl").read_text().splitlines()]
     records = sorted((r for r in records if not r.get("adapter")), key=lambda r: r["seed"])[: args.n]
@@ -43,10 +44,10 @@ def main() -> None:
         steps=first["steps"],
         guidance=first["guidance"],
     )
-    pipe = sdxl_random("cuda", torch.float16)
+    pipe = sdxl_random("cuda", getattr(torch, args.dtype))
     pipe.set_progress_bar_config(disable=True)
     ours = [np.asarray(Image.open(args.output / r["file_name"]).convert("RGB"), dtype=np.float32) for r in records]
-    for decode, upcast in (("fp32-upcast (diffusers default)", True), ("fp16", False)):
+    for decode, upcast in (("fp32-upcast (diffusers default)", True), (args.dtype, False)):
         pipe.vae.config.force_upcast = upcast
         result = run_batch(
             pipe, params, [r["prompt"] for r in records], [""] * len(records), [r["seed"] for r in records]
@@ -59,6 +60,7 @@ def main() -> None:
             "tag": args.tag,
             "gpu_name": torch.cuda.get_device_name(0),
             "torch": torch.__version__,
+            "dtype": args.dtype,
             "eager_decode": decode,
             "images": len(records),
             "max_abs_diff": float(max(d.max() for d in diffs)),

@@ -35,7 +35,7 @@ for phase in "$@"; do
         > $OUT/defaults.log 2>&1 ;;
     match:*)  # a run's images against the plain eager fp16 pipeline, same prompts and seeds
       tag=${phase#match:}
-      timeout 90 python3 bench/match_eager.py /tmp/diffq-bench/bench1$tag --out $R --n 8 --tag $tag \
+      [ $SECONDS -lt ${MATCH_BEFORE_S:-9999} ] && timeout 90 python3 bench/match_eager.py /tmp/diffq-bench/bench1$tag --out $R --n 8 --tag $tag --dtype ${MATCH_DTYPE:-float16} \
         > $OUT/match-$tag.log 2>&1 ;;
     adapters)  # none, LoRA, DoRA in turn, one chunk each; a fresh worker on the now warm cache
       for _ in $(seq 60); do [ -f /tmp/adapters/dora/pytorch_lora_weights.safetensors ] && break; sleep 2; done
@@ -49,8 +49,11 @@ for phase in "$@"; do
       DIFFQ_OVERLAP_SAVE=0 timeout 240 python3 bench/e2e_queue.py --out $R --tag serial --images-per-gpu 32 \
         --timeout 230 > $OUT/serial.log 2>&1 ;;
     fp8row)  # FP8 with per-row scales: a bf16 UNet (torchao takes per-row scales from bf16 weights only)
-      [ $SECONDS -lt ${FP8_BEFORE_S:-330} ] && PYTHONPATH=/tmp/site-fp8:$PYTHONPATH DIFFQ_DTYPE=bfloat16 timeout 300 python3 bench/e2e_queue.py --out $R \
-        --tag fp8row --images-per-gpu 24 --timeout 290 --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8row.log 2>&1 ;;
+      [ $SECONDS -lt ${FP8_BEFORE_S:-330} ] && PYTHONPATH=/tmp/site-fp8:$PYTHONPATH DIFFQ_DTYPE=bfloat16 timeout 340 python3 bench/e2e_queue.py --out $R \
+        --tag fp8row --images-per-gpu 24 --timeout 330 --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8row.log 2>&1 ;;
+    bf16)  # fp8row's levers without fp8, bf16: the baseline the FP8 lever is measured against
+      DIFFQ_DTYPE=bfloat16 timeout 240 python3 bench/e2e_queue.py --out $R --tag bf16 --images-per-gpu 24 --timeout 230 \
+        --speedups vae-fp16,compile-blocks > $OUT/bf16.log 2>&1 ;;
     e2e:*)  # e2e:<tag>:<speedups> through the queue, 32 images (skipped past E2E_BEFORE_S into the call)
       spec=${phase#e2e:}; tag=${spec%%:*}; levers=${spec#*:}
       [ $SECONDS -lt ${E2E_BEFORE_S:-9999} ] && timeout 300 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu 32 --timeout 290 \

@@ -154,6 +154,50 @@ def test_an_fp8_quantization_that_fails_is_a_model_load_error_not_a_crash(cache_
         apply(copy.copy(loaded.pipe), Speedups(frozenset({"fp8"})))
 
 
+def test_an_empty_negative_prompt_is_all_zero_rows_and_fp8_scales_have_a_floor_for_them(cache_dir, monkeypatch):
+    """Why every per-row FP8 batch came out NaN on an H100: SDXL encodes an empty negative prompt
+    as zeros, and a dynamic scale taken from a zero row is 0 (x / 0 = NaN). The real pipeline shows
+    the zeros; torchao (absent here, and GPU-only) is stood in for by a recorder of what the worker
+    asks of it: a floor under the activation amax, and no FP8 for the text-reading projections."""
+    import types
+
+    from diffusers import UNet2DConditionModel
+
+    from worker.pipelines import speedups
+    from worker.pipelines.models import SDXL_UNET
+
+    loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
+    _, negative, _, _ = loaded.pipe.encode_prompt(
+        prompt=["a red fox"], device=torch.device("cpu"), do_classifier_free_guidance=True, negative_prompt=None
+    )
+    assert negative.abs().amax(dim=-1).eq(0).all()  # every token row of the negative is zero
+
+    asked = {}
+
+    class Config:
+        def __init__(self, **kwargs):
+            asked.update(kwargs)
+
+    def quantize_(model, config, filter_fn):
+        asked["quantized"] = [name for name, module in model.named_modules() if filter_fn(module, name)]
+
+    fake = types.ModuleType("torchao.quantization")
+    fake.Float8DynamicActivationFloat8WeightConfig, fake.quantize_ = Config, quantize_
+    fake.PerRow, fake.PerTensor = type("PerRow", (), {}), type("PerTensor", (), {})
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", fake)
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SDXL_UNET).to(torch.bfloat16)
+    speedups._quantize_fp8(types.SimpleNamespace(unet=unet))
+
+    assert asked["activation_value_lb"] > 0 and type(asked["granularity"]).__name__ == "PerRow"
+    quantized = asked["quantized"]
+    assert any(name.endswith("attn1.to_q") for name in quantized)
+    assert any(name.endswith("ff.net.2") for name in quantized)
+    assert not [name for name in quantized if name.endswith(("attn2.to_k", "attn2.to_v"))]
+    assert any(name.endswith("attn2.to_q") for name in quantized)  # reads the image, not the text
+
+
 COMPILE_SCRIPT = """
 import sys
 from worker.pipelines.cache import PipelineCache

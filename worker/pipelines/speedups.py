@@ -40,6 +40,10 @@ COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets", "compile-vae"})
 FP8_CAPABILITY = (9, 0)
 #: linear layers narrower than this stay fp16: quantizing activations costs more than FP8 saves
 FP8_MIN_FEATURES = 640
+#: the least activation amax a dynamic FP8 scale is taken from. Without it an all-zero row gets
+#: scale 0 and quantizes to 0/0 = NaN; SDXL encodes an empty negative prompt as all zeros
+#: (``force_zeros_for_empty_prompt``), so with per-row scales every CFG batch was NaN
+FP8_ACTIVATION_LB = 1e-12
 #: the denoising steps of a warm-up batch (enough for every graph the real steps use)
 WARM_UP_STEPS = 2
 
@@ -149,6 +153,18 @@ def _apply_to_transformer(pipe: Any, speedups: Speedups) -> float:
     return time.perf_counter() - started
 
 
+def fp8_linear(module: torch.nn.Module, name: str) -> bool:
+    """Which UNet linears FP8 takes: wide ones (narrow ones lose more to quantizing the
+    activation than FP8 saves), except cross-attention's key and value projections. Those read
+    the text embeddings: 77 tokens per image, a GEMM too short to gain, and for an empty
+    negative prompt a block of zeros."""
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    if name.endswith(("attn2.to_k", "attn2.to_v")):
+        return False
+    return min(module.in_features, module.out_features) >= FP8_MIN_FEATURES
+
+
 def _quantize_fp8(pipe: Any) -> None:
     """FP8 weights and dynamic FP8 activations for the UNet's wide linears; the fp16 UNet stays
     as ``pipe.diffq_fp16_unet`` for batches FP8 cannot finish (see :func:`run_batch`).
@@ -159,11 +175,8 @@ def _quantize_fp8(pipe: Any) -> None:
 
     pipe.diffq_fp16_unet = copy.deepcopy(pipe.unet)
     granularity = PerRow() if pipe.unet.dtype == torch.bfloat16 else PerTensor()
-
-    def wide(module: torch.nn.Module, _name: str) -> bool:
-        return isinstance(module, torch.nn.Linear) and min(module.in_features, module.out_features) >= FP8_MIN_FEATURES
-
-    quantize_(pipe.unet, Float8DynamicActivationFloat8WeightConfig(granularity=granularity), filter_fn=wide)
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=granularity, activation_value_lb=FP8_ACTIVATION_LB)
+    quantize_(pipe.unet, config, filter_fn=fp8_linear)
     log.info("fp8: UNet linears of %d+ features quantized (%s scales)", FP8_MIN_FEATURES, type(granularity).__name__)
 
 
