@@ -51,6 +51,8 @@ for phase in "$@"; do
     fp8row)  # FP8 with per-row scales: a bf16 UNet (torchao takes per-row scales from bf16 weights only)
       [ $SECONDS -lt ${FP8_BEFORE_S:-330} ] && PYTHONPATH=/tmp/site-fp8:$PYTHONPATH DIFFQ_DTYPE=bfloat16 timeout 340 python3 bench/e2e_queue.py --out $R \
         --tag fp8row --images-per-gpu 24 --timeout 330 --speedups vae-fp16,compile-blocks,fp8 > $OUT/fp8row.log 2>&1 ;;
+    dtype:*)  # the dtype of the phases after this one (DIFFQ_DTYPE)
+      export DIFFQ_DTYPE=${phase#dtype:} ;;
     bf16)  # fp8row's levers without fp8, bf16: the baseline the FP8 lever is measured against
       DIFFQ_DTYPE=bfloat16 timeout 240 python3 bench/e2e_queue.py --out $R --tag bf16 --images-per-gpu 24 --timeout 230 \
         --speedups vae-fp16,compile-blocks > $OUT/bf16.log 2>&1 ;;
