@@ -34,6 +34,9 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "fp8": "FP8 linears in the UNet (torchao; Hopper only, opt-in; a non-finite batch is redone in fp16)",
 }
 
+#: what ``auto`` means on CUDA for an SDXL-class UNet, chosen by docs/benchmarks.md
+CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-blocks", "compile-resnets")
+
 
 def speedup_names(text: str) -> frozenset[str] | None:
     """The levers named by ``text``; None for ``auto`` (the worker's device decides)."""

@@ -154,7 +154,7 @@ def test_an_fp8_quantization_that_fails_is_a_model_load_error_not_a_crash(cache_
         apply(copy.copy(loaded.pipe), Speedups(frozenset({"fp8"})))
 
 
-def test_an_empty_negative_prompt_is_all_zero_rows_and_fp8_scales_have_a_floor_for_them(cache_dir, monkeypatch):
+def test_an_empty_negative_prompt_is_all_zero_rows_and_fp8_scales_have_a_floor_for_them(cache_dir, monkeypatch, caplog):
     """Why every per-row FP8 batch came out NaN on an H100: SDXL encodes an empty negative prompt
     as zeros, and a dynamic scale taken from a zero row is 0 (x / 0 = NaN). The real pipeline shows
     the zeros; torchao (absent here, and GPU-only) is stood in for by a recorder of what the worker
@@ -196,6 +196,12 @@ def test_an_empty_negative_prompt_is_all_zero_rows_and_fp8_scales_have_a_floor_f
     assert any(name.endswith("ff.net.2") for name in quantized)
     assert not [name for name in quantized if name.endswith(("attn2.to_k", "attn2.to_v"))]
     assert any(name.endswith("attn2.to_q") for name in quantized)  # reads the image, not the text
+
+    # an fp16 UNet gets per-tensor scales (torchao 0.18), measured slower: the worker says so
+    with caplog.at_level("WARNING", logger="diffq.worker"):
+        speedups._quantize_fp8(types.SimpleNamespace(unet=unet.to(torch.float16)))
+    assert type(asked["granularity"]).__name__ == "PerTensor"
+    assert "--dtype bfloat16" in caplog.text
 
 
 COMPILE_SCRIPT = """

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from common.errors import DiffqError
-from common.presets import SPEEDUP_LEVERS
+from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS
 from common.queues import PATIENCE_FOREVER, connect, get_queue
 from common.settings import Settings, redact
 
@@ -39,7 +39,8 @@ def run_options(func: Any) -> Any:
         click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq]."),
         click.option(
             "--speedups",
-            help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)} [DIFFQ_SPEEDUPS; auto: vae-fp16 on CUDA].",
+            help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)} "
+            f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA, none on the CPU].",
         ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),

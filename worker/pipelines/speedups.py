@@ -28,13 +28,13 @@ import torch
 
 from common.errors import ConfigError, ModelLoadError
 from common.jobspec import GenParams
-from common.presets import SPEEDUP_LEVERS, speedup_names
+from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
 
 log = logging.getLogger("diffq.worker")
 
 LEVERS = SPEEDUP_LEVERS
 #: chosen by the measurements in docs/benchmarks.md (CUDA only; the CPU runs the plain pipeline)
-CUDA_DEFAULT = ("vae-fp16", "compile-blocks", "compile-resnets")
+CUDA_DEFAULT = CUDA_DEFAULT_SPEEDUPS
 COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets", "compile-vae"})
 #: torchao's FP8 matmuls need Hopper (sm_90) or newer
 FP8_CAPABILITY = (9, 0)
@@ -178,6 +178,12 @@ def _quantize_fp8(pipe: Any) -> None:
     config = Float8DynamicActivationFloat8WeightConfig(granularity=granularity, activation_value_lb=FP8_ACTIVATION_LB)
     quantize_(pipe.unet, config, filter_fn=fp8_linear)
     log.info("fp8: UNet linears of %d+ features quantized (%s scales)", FP8_MIN_FEATURES, type(granularity).__name__)
+    if isinstance(granularity, PerTensor):
+        log.warning(
+            "fp8 on a %s UNet takes one scale per tensor, measured 2.9 %% slower than no fp8 on an H100; "
+            "per-row scales need --dtype bfloat16 (docs/benchmarks.md)",
+            str(pipe.unet.dtype).removeprefix("torch."),
+        )
 
 
 def graphs_compiled() -> int:
