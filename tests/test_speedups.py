@@ -15,9 +15,10 @@ import torch
 
 from common.errors import ConfigError
 from common.jobspec import GenParams
+from common.presets import CUDA_DEFAULT_SPEEDUPS as CUDA_DEFAULT
 from worker.pipelines.cache import PipelineCache
 from worker.pipelines.generate import run_batch
-from worker.pipelines.speedups import CUDA_DEFAULT, Speedups
+from worker.pipelines.speedups import Speedups
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
 

@@ -33,8 +33,6 @@ from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
 log = logging.getLogger("diffq.worker")
 
 LEVERS = SPEEDUP_LEVERS
-#: chosen by the measurements in docs/benchmarks.md (CUDA only; the CPU runs the plain pipeline)
-CUDA_DEFAULT = CUDA_DEFAULT_SPEEDUPS
 COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets", "compile-vae"})
 #: torchao's FP8 matmuls need Hopper (sm_90) or newer
 FP8_CAPABILITY = (9, 0)
@@ -56,7 +54,7 @@ class Speedups:
     def parse(cls, text: str, device: torch.device) -> Speedups:
         names = speedup_names(text)
         if names is None:
-            return cls(frozenset(CUDA_DEFAULT if device.type == "cuda" else ()))
+            return cls(frozenset(CUDA_DEFAULT_SPEEDUPS if device.type == "cuda" else ()))
         if "fp8" in names:
             _check_fp8(device)
         return cls(names)
