@@ -26,6 +26,21 @@ for phase in "$@"; do
           python3 -W ignore -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/startup.txt
       python3 -X importtime -c "import worker.pipelines.cache, worker.serving.rqworker" 2> $OUT/importtime.txt
       sort -t'|' -k2 -n -r $OUT/importtime.txt | head -25 >> $OUT/startup.txt ;;
+    pyc)  # is a worker's slow start the image's missing bytecode? imports before and after compiling it
+      SP=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+      { echo "site-packages $SP; PYTHON* env: $(env | grep ^PYTHON | tr '\n' ' ')"
+        echo "torch: $(find $SP/torch -name '*.py' | wc -l) .py, $(find $SP/torch -name '*.pyc' | wc -l) .pyc"
+        echo "transformers: $(find $SP/transformers -name '*.py' | wc -l) .py, $(find $SP/transformers -name '*.pyc' | wc -l) .pyc"
+        python3 -c "import time; t = time.perf_counter(); sum(i * i for i in range(10**7)); print(f'pure-Python loop 1e7: {time.perf_counter() - t:.2f} s')"
+      } 2>&1 | tee -a $OUT/pyc.txt
+      TIMEFORMAT="%R s"
+      { echo -n "worker imports, the image as it is: "; time python3 -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/pyc.txt
+      { echo -n "bytecode for site-packages into /tmp/pyc: "; time PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m compileall -q -j 12 $SP /tmp/site $PWD/common $PWD/worker >/dev/null 2>&1; } 2>&1 | tee -a $OUT/pyc.txt
+      for i in 1 2; do { echo -n "worker imports, bytecode in /tmp/pyc: "; time PYTHONPYCACHEPREFIX=/tmp/pyc python3 -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/pyc.txt; done
+      PYTHONPYCACHEPREFIX=/tmp/pyc python3 -X importtime -c "import worker.pipelines.cache, worker.serving.rqworker" 2> $OUT/importtime-pyc.txt
+      sort -t'|' -k2 -n -r $OUT/importtime-pyc.txt | head -12 >> $OUT/pyc.txt ;;
+    regions)  # a compiled UNet step by region; the whole UNet and the VAE decoder compiled (bench/regions.py)
+      timeout ${REGIONS_S:-400} python3 bench/regions.py --out $R --budget-s ${REGIONS_S:-400} 2>&1 | grep -v Warning > $OUT/regions.log ;;
     base)  # matmul ceiling, FLOPs, plain pipe() per image, run_batch at batch 8, + vae-fp16
       (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1 &)
       timeout 150 python3 bench/pipeline.py --out $R --batches 8 --levers vae-fp16 --repeats 1 --budget-s ${BASE_BUDGET:-120} \
