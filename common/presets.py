@@ -29,13 +29,14 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "fuse-qkv": "fused QKV projections in the UNet's attention",
     "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
     "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
+    "compile-unet": "torch.compile of the whole UNet as one graph (instead of compile-blocks/-resnets)",
     "compile-vae": "torch.compile of the VAE decoder (one graph; more warm-up)",
     "cudnn-benchmark": "let cuDNN time its convolution algorithms per shape (UNet and VAE convs; at warm-up)",
     "fp8": "FP8 linears in the UNet (torchao; Hopper only, opt-in; a non-finite batch is redone in fp16)",
 }
 
 #: what ``auto`` means on CUDA for an SDXL-class UNet, chosen by docs/benchmarks.md
-CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-blocks", "compile-resnets")
+CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-unet", "compile-vae")
 
 
 def speedup_names(text: str) -> frozenset[str] | None:

@@ -1,12 +1,16 @@
 """The worker's own VAE decode gives what the SDXL pipeline gives, including for checkpoints
-whose VAE config de-normalises latents per channel (``latents_mean``/``latents_std``)."""
+whose VAE config de-normalises latents per channel (``latents_mean``/``latents_std``), and the
+same bytes as diffusers' own PIL conversion."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 from diffusers import StableDiffusionXLPipeline
+from diffusers.image_processor import VaeImageProcessor
 
-from worker.pipelines.generate import decode
+from worker.pipelines.generate import decode, to_pil
 from worker.pipelines.models import ensure_tiny
 
 CALL = {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "num_inference_steps": 3, "guidance_scale": 5.0}
@@ -29,3 +33,19 @@ def test_decode_matches_the_pipeline_with_and_without_latents_mean_and_std(cache
     ours_norm, expected_norm = pipeline_and_ours(pipe)
     assert torch.allclose(ours_norm, expected_norm, atol=1e-5)
     assert not torch.allclose(expected_norm, expected, atol=1e-3)  # the fields do change the image
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_to_pil_gives_diffusers_postprocess_byte_for_byte(dtype):
+    """Random decodes plus values on every rounding edge (k + 0.5)/255 and past the clamp."""
+    image = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3)) * 0.8
+    edges = (torch.arange(256.0) + 0.5) / 255 * 2 - 1  # denormalizes to exactly (k + 0.5) / 255
+    image[0, 0, :8, :32] = edges.view(8, 32)
+    image[1, 0, 0, :4] = torch.tensor([-1.5, 1.5, -1.0, 1.0])
+    image = image.to(dtype)
+    processor = VaeImageProcessor(vae_scale_factor=8)
+    expected = processor.postprocess(image, output_type="pil")
+    ours = to_pil(processor, image)
+    assert [im.mode for im in ours] == [im.mode for im in expected] == ["RGB"] * 3
+    for got, want in zip(ours, expected, strict=True):
+        assert np.array_equal(np.asarray(got), np.asarray(want))

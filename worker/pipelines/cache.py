@@ -39,9 +39,6 @@ transformers_logging.disable_progress_bar()
 diffusers_logging.set_verbosity_error()
 diffusers_logging.disable_progress_bar()
 
-#: the key of Dynamo's saved dynamic-shape decisions, shared by every diffq worker on a host
-PGO_JOB_ID = "diffq"
-
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -66,7 +63,8 @@ class LoadedPipeline:
     load_seconds: float
     adapters: dict[str, str] = field(default_factory=dict)  # adapter spec -> adapter name in peft
     merged: MergedAdapters | None = None
-    warm: set[tuple[int, int]] = field(default_factory=set)  # image sizes compiled for
+    #: (width, height, CFG) -> the batch sizes compiled for it (graphs are static)
+    warm: dict[tuple[int, int, bool], set[int]] = field(default_factory=dict)
 
 
 class PipelineCache:
@@ -78,11 +76,6 @@ class PipelineCache:
     ) -> None:
         # compiled kernels persist beside the models, so a restarted worker skips most compile time
         point_compile_cache_at(cache_dir)
-        # ...and so does what Dynamo learnt about which dimensions vary (its "PGO" state, kept
-        # only under a job id): a restarted worker compiles the batch-dynamic graphs at once
-        # instead of a static graph first and the dynamic one at the second batch size
-        if torch.compiler.config.job_id is None:
-            torch.compiler.config.job_id = PGO_JOB_ID
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -115,6 +108,11 @@ class PipelineCache:
         finally:
             report(None)
         pipe.set_progress_bar_config(disable=True)
+        # a worker never trains; and compiled graphs guard on requires_grad, which loading an
+        # adapter would otherwise flip to False on the layers it wraps (one recompile per worker)
+        for component in pipe.components.values():
+            if isinstance(component, torch.nn.Module):
+                component.requires_grad_(False)
         apply_speedups(pipe, self.speedups)
         seconds = time.perf_counter() - started
         self.loads += 1
@@ -173,10 +171,20 @@ class PipelineCache:
         """A job's images from this process's pipeline. An xDiT group's rank 0 implements the same
         :class:`~worker.pipelines.backend.GenerationBackend` call over every rank (:mod:`worker.group`)."""
         before = graphs_compiled()
+        pad_to = None
         try:
-            if self.speedups.compiles and (params.width, params.height) not in loaded.warm:
-                self._warm_up(loaded, params, min(max_batch, len(prompts)), on_progress)
-            result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
+            if self.speedups.compiles:
+                sizes = loaded.warm.setdefault((params.width, params.height, params.guidance > 1.0), set())
+                wanted = min(max_batch, len(prompts))
+                if not any(size >= wanted for size in sizes):
+                    self._warm_up(loaded, params, wanted, on_progress)
+                    sizes.add(wanted)
+                pad_to = padding(sizes)
+            result, fitted = run_split(
+                loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step, pad_to=pad_to
+            )
+            if pad_to is not None and fitted < wanted:
+                sizes.add(fitted)  # out of memory at the compiled size: the halves' graph, for the tails to come
         except torch._dynamo.exc.TorchDynamoException as exc:
             if not self.speedups.compiles:
                 raise
@@ -194,7 +202,6 @@ class PipelineCache:
         if on_progress is not None:
             on_progress(f"compiling for {size} (once per size and worker; cached on disk)")
         warm_up(loaded.pipe, params, batch, run=run_batch)
-        loaded.warm.add((params.width, params.height))
         if on_progress is not None:
             on_progress(None)
 
@@ -249,6 +256,16 @@ class PipelineCache:
         log.info("adapter %s loaded as %s in %.2fs", adapter, name, time.perf_counter() - started)
         loaded.adapters[adapter] = name
         return name
+
+
+def padding(sizes: set[int]) -> Callable[[int], int]:
+    """The batch size to run ``n`` images at: the smallest one compiled that holds them (a tail
+    chunk of 3 runs on the graph for 8), else ``n`` itself (a new graph, compiled once)."""
+
+    def pad_to(n: int) -> int:
+        return min((size for size in sizes if size >= n), default=n)
+
+    return pad_to
 
 
 def load_failure(exc: BaseException) -> str:
