@@ -160,6 +160,14 @@ def test_the_image_can_compile_what_the_default_levers_compile():
     assert {"gcc", "libc6-dev", "python3-dev"} <= set(apt)
 
 
+def test_the_image_keeps_the_bytecode_pip_writes():
+    """A worker's start is mostly imports: 20.3 s on a machine whose torch had no bytecode,
+    9.4-11.5 s with it (H100, docs/benchmarks.md). pip writes it; nothing may turn that off."""
+    steps = dockerfile()
+    assert not [arg for op, arg in steps if op == "ENV" and re.search(r"PYTHONDONTWRITEBYTECODE|PIP_NO_COMPILE", arg)]
+    assert not [arg for op, arg in steps if op == "RUN" and "pip install" in arg and "--no-compile" in arg]
+
+
 @pytest.mark.slow
 def test_dockerfile_cmd_is_a_real_command_with_valid_flags():
     cmd = json.loads(next(arg for op, arg in dockerfile() if op == "CMD"))
