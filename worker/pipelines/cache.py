@@ -183,8 +183,6 @@ class PipelineCache:
             result, fitted = run_split(
                 loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step, pad_to=pad_to
             )
-            if pad_to is not None and fitted < wanted:
-                sizes.add(fitted)  # out of memory at the compiled size: the halves' graph, for the tails to come
         except torch._dynamo.exc.TorchDynamoException as exc:
             if not self.speedups.compiles:
                 raise
