@@ -1,39 +1,60 @@
-# diffq worker / producer / dashboard image: CUDA runtime, pinned Python packages, non-root.
-#   docker build -t diffq .      (compose.yaml builds it for you)
+# diffq worker / producer / dashboard image: CUDA runtime, pinned Python packages, runs as a
+# non-root user (the entrypoint drops to it).
+#   docker build -t diffq:0.1.0 .                  (compose.yaml builds it for you)
+# Both build arguments keep today's GPU image by default; a host that cannot reach PyTorch's
+# own index builds with TORCH_INDEX_URL= (empty: the default index, e.g. PyPI's CUDA build).
 # Model weights are never baked in: they download at run time into the /cache volume, with
 # HF_TOKEN passed through the environment (compose takes it from .env).
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+FROM ${BASE_IMAGE}
+
+ARG TORCH_VERSION=2.11.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # gcc and the Python headers: torch.compile (the default speed levers on CUDA) builds Triton's
-# kernel launcher with them at run time; without them a worker runs eagerly and says so
+# kernel launcher with them at run time; without them a worker runs eagerly and says so.
+# setpriv (util-linux) lets the entrypoint drop from root to the image's user.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
+       ca-certificates util-linux \
     && rm -rf /var/lib/apt/lists/*
+
+# ubuntu:24.04 (and so nvidia/cuda:*-ubuntu24.04) already has user `ubuntu` with uid 1000: take
+# that uid over under our name, or make it where the base has none (Debian)
+RUN if getent passwd 1000 >/dev/null; then \
+        old=$(getent passwd 1000 | cut -d: -f1); \
+        groupmod -n diffq "$(id -gn "$old")" && usermod -l diffq -d /home/diffq -m -s /usr/sbin/nologin "$old"; \
+    else \
+        useradd --create-home --uid 1000 --user-group --shell /usr/sbin/nologin diffq; \
+    fi \
+    && mkdir -p /cache /data \
+    && chown diffq:diffq /cache /data
 
 RUN python3 -m venv /opt/diffq
 ENV PATH=/opt/diffq/bin:$PATH
-RUN pip install torch==2.11.0 --index-url https://download.pytorch.org/whl/cu128
+# torch first, alone: its layer (several GB) stays cached while the project's code changes
+RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
 COPY docker/constraints.txt docker/constraints.txt
+COPY pyproject.toml README.md ./
 COPY common common
 COPY producer producer
 COPY worker worker
 RUN pip install -c docker/constraints.txt ".[dashboard,group,s3]"
+COPY docker/entrypoint.sh /usr/local/bin/diffq-entrypoint
 
-RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin diffq \
-    && mkdir -p /cache /data \
-    && chown diffq:diffq /cache /data
-USER diffq
 ENV DIFFQ_CACHE=/cache/diffq \
     HF_HOME=/cache/huggingface \
     DIFFQ_OUTPUT=/data/out
 VOLUME ["/cache"]
 
+# starts as root only to hand /data and /cache to user diffq, then runs the command as diffq
+ENTRYPOINT ["diffq-entrypoint"]
 # one worker that leases a free GPU of this host (compose --scale worker=N spreads them)
 CMD ["worker", "run", "--gpu-lease", "all"]

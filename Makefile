@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast test-compose image lint format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -34,6 +34,21 @@ test: install
 # every module's pure logic and one end-to-end run, in about a minute; `make test` is the whole suite
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"
+
+# The shipped image and compose file, built and run on a real Docker engine on this host's CPU
+# (tests/compose). Starts the engine with the shared script when `docker info` fails; the image
+# takes torch from the default index (TORCH_INDEX_URL empty) where PyTorch's own is unreachable.
+CONTAINER_ENGINE ?= ../shared/tools/container-engine.sh
+IMAGE_ARGS ?= --build-arg TORCH_INDEX_URL=
+
+image:
+	@if [ -f "$(CONTAINER_ENGINE)" ]; then bash "$(CONTAINER_ENGINE)"; \
+	 elif ! docker info >/dev/null 2>&1; then echo "no Docker engine answers (docker info) and no $(CONTAINER_ENGINE) to start one"; exit 1; fi
+	@start=$$(date +%s); docker build -q $(IMAGE_ARGS) -t diffq:0.1.0 . >/dev/null && \
+	 echo "image diffq:0.1.0 built in $$(( $$(date +%s) - start )) s, $$(docker image inspect -f '{{.Size}}' diffq:0.1.0 | awk '{printf "%.2f GB", $$1/1e9}')"
+
+test-compose: install image
+	$(BIN)/pytest -q tests/compose
 
 lint: install
 	$(BIN)/ruff check .

@@ -7,10 +7,18 @@ is always during a campaign. It has no setting for that, so this launcher gives 
 ``Worker`` whose serializer defaults to JSON, then runs rq-dashboard's own command with:
 ``--json``; ``127.0.0.1`` unless ``--bind`` says otherwise; basic auth, required (it refuses to
 start without a password); the delete and empty buttons off unless ``--allow-delete``.
+
+Three more things rq-dashboard shows as a programmer would, and a user reads here instead:
+the Workers page names a running job by its call string (``worker.task.run_job(spec={'v': 1,
+…``), so it gets the job's description with its progress; a job's page shows its progress
+only inside the raw JSON of its metadata, so the description carries it in words; and a job
+that failed for good (``permanent``: requeuing it would fail the same way) is not offered the
+Requeue button (its status reads ``failed (permanent)``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rq import Worker
@@ -24,6 +32,47 @@ class JSONWorker(Worker):
         super().__init__(*args, serializer=serializer or JSONSerializer, **kwargs)
 
 
+def progress_words(meta: dict[str, Any]) -> str:
+    """A running job's progress as a person reads it: ``step 12/30 · 3/8 img``."""
+    parts = []
+    if meta.get("loading"):
+        parts.append(str(meta["loading"]))
+    if meta.get("steps"):
+        parts.append(f"step {meta.get('step') or 0}/{meta['steps']}")
+    if meta.get("images"):
+        parts.append(f"{meta.get('images_done') or 0}/{meta['images']} img")
+    if meta.get("error"):
+        parts.append(str(meta["error"]))
+    return " · ".join(parts)
+
+
+def readable_job(job: dict[str, Any]) -> dict[str, Any]:
+    """The job page's JSON (``/data/job/<id>.json``), with progress in words and no Requeue
+    for a failure that would only repeat."""
+    try:
+        meta = json.loads(job.get("metadata") or "{}")
+    except ValueError:
+        return job
+    words = progress_words(meta)
+    if words:
+        job["description"] = f"{job.get('description') or ''} — {words}"
+    job["metadata"] = json.dumps(meta, indent=1, sort_keys=True)
+    if job.get("status") == "failed" and meta.get("permanent"):
+        job["status"] = "failed (permanent: it would fail again; fix the input and enqueue it anew)"
+    return job
+
+
+def _serialize_current_job(original: Any) -> Any:
+    def serialize(job: Any) -> Any:
+        shown = original(job)
+        if isinstance(shown, dict):
+            words = progress_words(job.meta or {})
+            shown["call_string"] = " · ".join(p for p in (job.description, words) if p)
+        return shown
+
+    return serialize
+
+
 def run_dashboard(
     *, redis_url: str, bind: str, port: int, username: str, password: str, allow_delete: bool, poll_ms: int
 ) -> None:
@@ -31,8 +80,18 @@ def run_dashboard(
     from rq_dashboard.cli import run
 
     web.Worker = JSONWorker  # the Workers page: see the module docstring
+    web.serialize_current_job = _serialize_current_job(web.serialize_current_job)
+    web.blueprint.after_request(_readable_job_page)
     args = ["--json", "--bind", bind, "--port", str(port), "--redis-url", redis_url]
     args += ["--username", username, "--password", password, "--poll-interval", str(poll_ms)]
     if not allow_delete:
         args.append("--disable-delete")
     run.main(args=args, prog_name="producer dashboard", standalone_mode=True)
+
+
+def _readable_job_page(response: Any) -> Any:
+    from flask import request
+
+    if request.path.endswith(".json") and "/data/job/" in request.path and response.is_json:
+        response.set_data(json.dumps(readable_job(response.get_json())))
+    return response

@@ -55,6 +55,11 @@ def test_workers_page_shows_the_running_job(env, conn, tmp_path):
         (listed,) = [w for w in workers if w["name"] == "diffq-gpu0-test"]
         assert listed["state"] == "busy" and listed["current_job"]["job_id"] == job.id
         assert listed["current_job"]["description"].startswith("'shown on the dashboard' · 1 img")
+        # the page shows call_string: the description and the job's progress, not run_job(spec=...)
+        shown = listed["current_job"]["call_string"]
+        assert shown.startswith("'shown on the dashboard' · 1 img") and "step " in shown and "run_job" not in shown
+        page = get(f"{root}/job/{job.id}.json")
+        assert "step " in page["description"] and page["status"] == "started"
         refused = get(f"http://127.0.0.1:{port}/job/{job.id}/delete", data=b"")
         assert refused == {"status": "DISABLED"}
 
@@ -104,3 +109,16 @@ def test_dashboard_refuses_to_start_without_a_password(env):
     assert done.stderr.strip() == (
         "error: the dashboard needs a password: --password or RQ_DASHBOARD_PASSWORD (basic auth)"
     )
+
+
+def test_a_job_page_shows_progress_in_words_and_no_requeue_for_a_permanent_failure():
+    from producer.dashboard import readable_job
+
+    meta = {"step": 12, "steps": 30, "images": 8, "images_done": 3}
+    page = readable_job({"description": "'a fox' · 8 img", "status": "started", "metadata": json.dumps(meta)})
+    assert page["description"] == "'a fox' · 8 img — step 12/30 · 3/8 img"
+    failed = {"error": "adapter '/x' not found", "permanent": True}
+    page = readable_job({"description": "'a fox'", "status": "failed", "metadata": json.dumps(failed)})
+    assert page["status"].startswith("failed (permanent")  # rq-dashboard shows Requeue only for "failed"
+    retryable = readable_job({"status": "failed", "metadata": json.dumps({"error": "x", "permanent": False})})
+    assert retryable["status"] == "failed"

@@ -112,7 +112,7 @@ def test_workers_lease_gpus_and_stop_warm():
     worker = SERVICES["worker"]
     assert worker["command"][:4] == ["worker", "run", "--gpu-lease", "${DIFFQ_GPU_LEASE:-all}"]
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert "/etc/machine-id:/etc/machine-id:ro" in worker["volumes"]
+    assert "${DIFFQ_MACHINE_ID:-/etc/machine-id}:/etc/machine-id:ro" in worker["volumes"]
     assert worker["stop_grace_period"] == "5m"
     assert worker["restart"] == "unless-stopped"
 
@@ -135,12 +135,17 @@ def dockerfile() -> list[tuple[str, str]]:
 
 def test_dockerfile_is_pinned_non_root_and_keeps_secrets_out():
     steps = dockerfile()
+    args = dict(arg.split("=", 1) for op, arg in steps if op == "ARG" and "=" in arg)
     base = next(arg for op, arg in steps if op == "FROM")
+    base = args.get(base.strip("${}"), base)
     assert ":" in base and not base.endswith(":latest")
-    users = [arg for op, arg in steps if op == "USER"]
-    assert users and users[-1] not in ("root", "0")
-    ops = [op for op, _ in steps]
-    assert ops.index("USER") < ops.index("CMD")
+    assert re.fullmatch(r"[0-9.]+", args["TORCH_VERSION"])
+    # no USER: the entrypoint starts as root to hand the data folder over, then drops to diffq
+    assert not [arg for op, arg in steps if op == "USER" and arg in ("root", "0")]
+    entry = json.loads(next(arg for op, arg in steps if op == "ENTRYPOINT"))
+    assert entry == ["diffq-entrypoint"]
+    script = (ROOT / "docker/entrypoint.sh").read_text()
+    assert "exec setpriv --reuid=diffq --regid=diffq --init-groups" in script
     for op, arg in steps:
         if op == "RUN" and "pip install" in arg:
             assert "==" in arg or "-c docker/constraints.txt" in arg, arg
@@ -149,7 +154,8 @@ def test_dockerfile_is_pinned_non_root_and_keeps_secrets_out():
             for src in arg.split()[:-1]:
                 assert (ROOT / src).exists(), f"COPY {src}: no such path"
     pins = [line for line in (ROOT / "docker/constraints.txt").read_text().splitlines() if line and line[0] != "#"]
-    assert pins and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", p) for p in pins)
+    pin = r'[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*(; python_version [<>]=? "3\.[0-9]+")?'
+    assert pins and all(re.fullmatch(pin, p) for p in pins)
     assert any(op == "VOLUME" and "/cache" in arg for op, arg in steps)
 
 
@@ -279,7 +285,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
     dash_cmd[dash_cmd.index("--bind") + 1] = "127.0.0.1"
     dash = subprocess.Popen(dash_cmd, env=dash_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        auth = (values["DASHBOARD_USER"], values["DASHBOARD_PASSWORD"])
+        auth = (values["RQ_DASHBOARD_USERNAME"], values["RQ_DASHBOARD_PASSWORD"])
         root = f"http://127.0.0.1:{port}/0/data"
         wait_for(lambda: _answers(f"{root}/queues.json"), 240, "rq-dashboard to answer")
         with pytest.raises(urllib.error.HTTPError) as denied:
