@@ -18,6 +18,7 @@ job state. Beside them we keep only what RQ cannot tell us:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,12 +46,51 @@ PATIENCE_FOREVER = -1
 PATIENCE_COMMAND = 20
 
 
+class WayOut:
+    """How long this process still retries Redis: forever while it serves, a few seconds once
+    it has been told to stop. One per process, shared by every client :func:`connect` made
+    (redis-py deep-copies a client's retry policy into each connection; this object is not
+    copied), so a stop bounds every call in every thread at once: the job's progress save,
+    the keeper, the writer, RQ's own bookkeeping on the way out.
+
+    Stopping wins over Redis: a worker told to stop while Redis is down must not sit in a
+    retry loop for hours. What it could not tell Redis comes back the way a SIGKILLed
+    worker's work does, by the heartbeat lapsing."""
+
+    def __init__(self) -> None:
+        self._until: float | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> WayOut:
+        return self
+
+    def give_up_after(self, seconds: float) -> None:
+        """From now on, a Redis call that fails later than ``seconds`` from now raises instead
+        of retrying (an earlier deadline is kept)."""
+        until = time.monotonic() + seconds
+        self._until = until if self._until is None else min(self._until, until)
+
+    def closed(self) -> bool:
+        return self._until is not None and time.monotonic() >= self._until
+
+
+#: the process's one :class:`WayOut` (see there)
+WAY_OUT = WayOut()
+
+
 class LoggedRetry(Retry):
     """redis-py's retry with exponential backoff (0.2 s doubling, capped at 5 s), saying so in
-    the log: a worker waiting for Redis should look like it is waiting, not hung."""
+    the log (a worker waiting for Redis should look like it is waiting, not hung), and giving
+    up once the process is on its way out (:data:`WAY_OUT`)."""
+
+    def __init__(self, *args: Any, way_out: WayOut = WAY_OUT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.way_out = way_out
 
     def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         def noisy(error: Exception, *rest: Any) -> Any:
+            if self.way_out.closed():
+                fail(error, *rest)
+                raise error
             log.warning("Redis unreachable (%s: %s); retrying with backoff", error.__class__.__name__, error)
             return fail(error, *rest)
 

@@ -130,7 +130,8 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
-    logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
+    # force: a leasing worker configured logging before it knew its GPU (label "lease")
+    logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label), force=True)
     log = logging.getLogger("diffq.worker")
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)

@@ -58,7 +58,7 @@ from rq.utils import now
 from rq.worker import WorkerStatus
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
-from common.queues import paused_key, retire_finished
+from common.queues import WAY_OUT, paused_key, retire_finished
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
@@ -76,6 +76,8 @@ log = logging.getLogger("diffq.worker")
 EXIT_COLD = 1
 #: exit status when this worker's GPU lease was taken by another (the supervisor restarts it)
 EXIT_LEASE_LOST = 3
+#: exit status of a stop that Redis did not answer: the running job comes back by its heartbeat
+EXIT_REDIS_GONE = 75  # EX_TEMPFAIL
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
 DEFAULT_HEARTBEAT_TTL_S = 30
@@ -83,6 +85,10 @@ DEFAULT_HEARTBEAT_TTL_S = 30
 PAUSE_MAX_BACKOFF_S = 30.0
 #: longest wait after giving back a job this worker does not take
 GIVE_BACK_MAX_WAIT_S = 30.0
+#: after the first signal, Redis has this long to answer before the worker gives up on it and exits
+WARM_STOP_REDIS_S = 15.0
+#: after the second signal, the process is gone within this many seconds, whatever it was doing
+COLD_EXIT_S = 1.5
 
 
 def worker_name(gpu_label: str) -> str:
@@ -133,6 +139,8 @@ class DiffqWorker(SimpleWorker):
         self._told: set[str] = set()  # failure causes whose traceback was logged once
         self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
         self._keeper_failures = 0
+        #: the main thread waits for a job (a signal may interrupt it there)
+        self._waiting = False
         self._keeper_stop = threading.Event()
         self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
@@ -194,14 +202,20 @@ class DiffqWorker(SimpleWorker):
         threading.Thread(target=self._keep, name="diffq-keeper", daemon=True).start()
 
     def teardown(self) -> None:
-        with suppress(Exception):  # the loop may end on a Redis error; the keeper is still up
+        """On the way out every Redis call is bounded (:data:`~common.queues.WAY_OUT`): what
+        Redis does not hear of now comes back by the heartbeat, as after a SIGKILL."""
+        try:
             self.finish_pending()
+        except redis.RedisError as exc:
+            log.warning("the job in the writer was not completed in RQ (%s); it comes back by its heartbeat", exc)
         if self._writer is not None:
             self._writer.shutdown()
         self._keeper_stop.set()
-        with suppress(Exception):
+        try:
             self.connection.hdel(paused_key(self.queues[0].name), self.name)
-        super().teardown()
+            super().teardown()
+        except redis.RedisError as exc:
+            log.warning("Redis did not answer on the way out (%s); this worker's key expires by itself", exc)
 
     def _keep(self) -> None:
         last_reap = 0.0
@@ -284,24 +298,38 @@ class DiffqWorker(SimpleWorker):
         self._signals.install(self._on_signal_main)
 
     def _on_signal_main(self, signum: int, frame: FrameType | None) -> None:
-        """Main thread, whenever Python gets to it: an idle worker stops waiting for a job. The
-        watcher thread has already done the rest."""
-        if self._running is None:
-            self._stop_requested = True
+        """Main thread, whenever Python gets to it: a worker waiting for a job (or for Redis, or
+        for its disk) stops waiting. Anywhere else the exception would cut through bookkeeping
+        (RQ's teardown, a job's completion): there the flag alone ends the loop. The watcher
+        thread has already done the rest."""
+        self._stop_requested = True
+        if self._waiting and self._running is None:
             raise StopRequested()
 
     def _warm_stop(self, signal_name: str) -> None:
+        """The first signal: finish the running job, take no other. Redis gets
+        :data:`WARM_STOP_REDIS_S` more seconds to answer: past them every call raises instead
+        of retrying, the worker exits, and its job comes back by its heartbeat."""
+        WAY_OUT.give_up_after(WARM_STOP_REDIS_S)
         self._stop_requested = True
         job = self._running
-        with suppress(Exception):
-            self.set_shutdown_requested_date()
         doing = f"finishing job {job.id}, then exiting" if job is not None else "exiting"
         log.warning("%s: warm shutdown, %s (again for a cold one)", signal_name, doing)
+        try:
+            self._shutdown_requested_date = now()
+            self.set_shutdown_requested_date()
+        except redis.RedisError as exc:
+            log.warning("could not tell Redis of the shutdown (%s); exiting all the same", exc.__class__.__name__)
 
     def stop_now(self, why: str) -> None:
         """A cold stop (a second signal, or the launcher gone): the job goes back at the front of
         its queue and the process ends now, whatever the main thread is in the middle of."""
         job, queue = self._running, self._running_queue
+        # exit in COLD_EXIT_S whatever happens below: Redis may be down, or hung
+        timer = threading.Timer(COLD_EXIT_S, os._exit, (EXIT_COLD,))
+        timer.daemon = True
+        timer.start()
+        WAY_OUT.give_up_after(COLD_EXIT_S / 2)
         try:
             self.give_back_pending(f"interrupted by a cold shutdown of {self.name} while writing; re-queued")
             if job is not None and queue is not None and self._lost != job.id:
@@ -312,6 +340,9 @@ class DiffqWorker(SimpleWorker):
             self.register_death()
             if self.lease is not None:
                 self.lease.release()
+        except redis.RedisError as exc:
+            log.warning("%s: cold shutdown; Redis did not answer (%s): the job comes back by its heartbeat",
+                        why, exc.__class__.__name__)  # fmt: skip
         finally:
             logging.shutdown()
             os._exit(EXIT_COLD)
@@ -338,6 +369,12 @@ class DiffqWorker(SimpleWorker):
         self._running, self._running_queue = job, queue
         try:
             super().execute_job(job, queue)
+        except redis.RedisError as exc:
+            if not WAY_OUT.closed():
+                raise
+            log.warning("job %s: Redis did not answer on the way out (%s); it comes back by its heartbeat",
+                        job.id, exc.__class__.__name__)  # fmt: skip
+            raise SystemExit(EXIT_REDIS_GONE) from None
         finally:
             self._running = self._running_queue = None
             if self.runtime is not None:
@@ -351,6 +388,8 @@ class DiffqWorker(SimpleWorker):
         """One line per failure in the log (the traceback once per cause), then the failure
         handlers. Nothing at all for a job this worker lost or could not run here."""
         exc = exc_info[1]
+        if isinstance(exc, redis.RedisError) and WAY_OUT.closed():
+            raise exc  # stopping with Redis gone: nothing to record (execute_job says so)
         if isinstance(exc, JobLost) or not self.owns(job):
             self._lost = job.id
             return
@@ -521,6 +560,13 @@ class DiffqWorker(SimpleWorker):
         """Called about every :attr:`idle_every_s` (and every burst wait) while no job runs."""
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        self._waiting = True
+        try:
+            return self._dequeue(timeout, max_idle_time)
+        finally:
+            self._waiting = False
+
+    def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> Any:
         if self._pending is not None:
             if not (self._stop_requested or self.paused or self._give_backs):
                 result = super().dequeue_job_and_maintain_ttl(None)  # a job waiting: take it now

@@ -58,9 +58,14 @@ class SignalWatcher:
                     self._heard(signal.Signals(signum).name)
 
     def _heard(self, name: str) -> None:
+        """Each request runs on a thread of its own: a warm stop that waits on Redis must never
+        keep the watcher from hearing the second signal."""
         now = time.monotonic()
         if self.first_at is None:
             self.first_at = now
-            self.warm(name)
+            act = self.warm
         elif now - self.first_at >= REPEAT_S:
-            self.cold(name)
+            act = self.cold
+        else:
+            return
+        threading.Thread(target=act, args=(name,), name=f"diffq-{act.__name__}", daemon=True).start()

@@ -1,0 +1,63 @@
+"""``worker`` with test-only holds, run as ``python tests/held_worker.py run ...``.
+
+A stop matrix needs a worker caught in one state while a signal lands: loading a model, or
+with a job's images in the writer. The product has no switch for that; this wrapper patches
+the two places before the real CLI runs, so the worker under test is otherwise the shipped one.
+
+- ``HELD_LOAD=<file>``: the first model load waits until ``<file>`` exists (a slow download).
+- ``HELD_WRITER=<file>``: each job's tail waits until ``<file>`` exists (a stalled disk).
+- ``HELD_STATE=<file>``: written (``loading`` / ``writing``) when the worker reaches the hold.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def hold(flag: str, state: str) -> None:
+    marker = os.environ.get("HELD_STATE")
+    if marker:
+        Path(marker).write_text(state)
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+
+
+def install() -> None:
+    load_flag, writer_flag = os.environ.get("HELD_LOAD"), os.environ.get("HELD_WRITER")
+    if load_flag:
+        from worker.pipelines.cache import PipelineCache
+
+        real_get = PipelineCache.get
+
+        def get(self, model, on_progress=None):  # type: ignore[no-untyped-def]
+            if model not in getattr(self, "_held", set()):
+                self._held = {*getattr(self, "_held", set()), model}
+                hold(load_flag, "loading")
+            return real_get(self, model, on_progress)
+
+        PipelineCache.get = get  # type: ignore[method-assign]
+    if writer_flag:
+        from worker.serving.overlap import Writer
+
+        real_submit = Writer.submit
+
+        def submit(self, tail):  # type: ignore[no-untyped-def]
+            def held():  # type: ignore[no-untyped-def]
+                hold(writer_flag, "writing")
+                return tail()
+
+            return real_submit(self, held)
+
+        Writer.submit = submit  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    install()
+    from worker.cli import main
+
+    main()

@@ -1,0 +1,170 @@
+"""Stop means stop: the matrix of a worker's state × Redis up or down × one or two signals.
+
+Each cell is a real worker process caught in one state (idle, loading its model, denoising,
+with a job's images in the writer, paused for a full disk), each on a queue of its own, then
+SIGTERM once or twice, with Redis up or killed first. Every cell asserts how long the worker
+took to exit and with what status; afterwards Redis is back, the queues are drained, and every
+image exists once with one metadata line.
+
+The bounds are the promise plus room for a loaded 2-core box: one signal with Redis up lets the
+running job finish (idle and paused workers go at once); one signal with Redis down exits within
+30 s (20 s of grace, then the job comes back by its heartbeat, as after a SIGKILL); a second
+signal exits within 2 s of it in any state (1.5 s by the clock in the worker).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import (
+    ROOT,
+    SLOW,
+    TINY_FLAGS,
+    RedisServer,
+    assert_exactly_once,
+    free_port,
+    producer,
+    running_job,
+    wait_for,
+)
+
+from common.queues import paused_key
+
+pytestmark = pytest.mark.slow
+HELD = ROOT / "tests" / "held_worker.py"
+STATES = ("idle", "loading", "denoising", "writing", "paused")
+#: seconds from the (last) signal to the exit, by (redis up, signals): the promise plus slack
+LIMIT_S = {(True, 2): 5.0, (False, 2): 5.0, (False, 1): 40.0}
+
+
+@dataclass
+class Cell:
+    state: str
+    proc: subprocess.Popen
+    log: Path
+    out: Path
+    images: int
+    exited_after: float | None = None
+
+
+def start(state: str, env: dict[str, str], tmp: Path, disk: Path) -> Cell:
+    out = (disk if state == "paused" else tmp) / f"out-{state}"
+    rows = tmp / f"{state}.csv"
+    rows.write_text(f"prompt\nstopped while {state} a\nstopped while {state} b\n", encoding="utf-8")
+    flags = SLOW if state == "denoising" else TINY_FLAGS
+    if state != "idle":
+        done = producer("enqueue", rows, *flags, "--chunk-size", "2", "--queue", state, "--output", out)
+        assert done.exit_code == 0, done.output
+    if state == "paused":  # the disk fills after the enqueue checked it
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        (disk / "filler").write_bytes(b"\0" * free)
+    extra = {
+        "HELD_STATE": str(tmp / f"{state}.state"),
+        "HELD_LOAD": str(tmp / "release") if state == "loading" else "",
+        "HELD_WRITER": str(tmp / "release") if state == "writing" else "",
+    }
+    log = tmp / f"{state}.log"
+    cmd = [sys.executable, str(HELD), "run", "--device", "cpu", "--queue", state, "--name", f"stop-{state}"]
+    proc = subprocess.Popen(cmd, env={**env, **extra}, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return Cell(state, proc, log, out, 0 if state == "idle" else 2)
+
+
+def reached(cell: Cell, conn: redis.Redis, tmp: Path) -> bool:
+    if cell.state == "idle":
+        return bool(conn.exists(f"rq:worker:stop-{cell.state}"))
+    if cell.state in ("loading", "writing"):
+        marker = tmp / f"{cell.state}.state"
+        return marker.exists() and marker.read_text() == cell.state
+    if cell.state == "denoising":
+        return running_job(conn, "stop-denoising", queue="denoising") is not None
+    return bool(conn.hget(paused_key("paused"), "stop-paused"))
+
+
+def wait_exit(cells: list[Cell], since: float, limit: float) -> None:
+    deadline = since + limit
+    while time.monotonic() < deadline and any(c.proc.poll() is None for c in cells):
+        for cell in cells:
+            if cell.exited_after is None and cell.proc.poll() is not None:
+                cell.exited_after = time.monotonic() - since
+        time.sleep(0.05)
+    for cell in cells:
+        if cell.exited_after is None and cell.proc.poll() is not None:
+            cell.exited_after = time.monotonic() - since
+        if cell.proc.poll() is None:
+            cell.proc.kill()
+            cell.proc.wait(30)
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["one-signal", "two-signals"])
+@pytest.mark.parametrize("redis_up", [True, False], ids=["redis-up", "redis-down"])
+def test_every_state_stops_in_time_and_every_image_is_made_once(env, tmp_path, small_disk, redis_up, signals):
+    server = RedisServer(free_port(), tmp_path / "redis", extra=("--appendonly", "yes", "--appendfsync", "always"))
+    server.dir.mkdir()
+    server.start()
+    env = {**env, "REDIS_URL": server.url, "DIFFQ_HEARTBEAT_TTL": "6"}
+    os.environ["REDIS_URL"] = server.url  # the in-process producer
+    conn = redis.Redis.from_url(server.url)
+    cells = [start(state, env, tmp_path, small_disk) for state in STATES]
+    try:
+        for cell in cells:
+            wait_for(lambda c=cell: reached(c, conn, tmp_path), 300, f"the worker {cell.state}", interval=0.2)
+        if not redis_up:
+            server.stop()
+            for cell in cells:
+                wait_for(lambda c=cell: "Redis unreachable" in c.log.read_text(), 60, f"{cell.state}: Redis gone")
+        for cell in cells:
+            cell.proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            time.sleep(1.2)  # past the 1 s in which a repeat counts as the same request
+            for cell in cells:
+                cell.proc.send_signal(signal.SIGTERM)
+        last = time.monotonic()
+        if signals == 1:
+            (tmp_path / "release").touch()  # the held load and writer go on: their jobs can finish
+        wait_exit(cells, last, LIMIT_S.get((redis_up, signals), 240.0))
+        took = {c.state: (c.exited_after, c.proc.returncode) for c in cells}
+        print(f"redis {'up' if redis_up else 'down'}, {signals} signal(s): {took}")
+        for cell in cells:
+            assert cell.exited_after is not None, f"{cell.state}: still running; log:\n{cell.log.read_text()[-3000:]}"
+            expected = {0} if (redis_up and signals == 1) else ({1} if signals == 2 else {0, 75})
+            if signals == 2 and cell.state in ("idle", "paused"):  # gone, or going, after the first one
+                expected = {0, 1, -signal.SIGTERM}
+            assert cell.proc.returncode in expected, (
+                f"{cell.state}: exit {cell.proc.returncode}\n{cell.log.read_text()[-3000:]}"
+            )
+            assert "Traceback" not in cell.log.read_text(), f"{cell.state}:\n{cell.log.read_text()[-3000:]}"
+        if redis_up and signals == 1:  # idle and paused workers do not wait for anything
+            assert took["idle"][0] < 10 and took["paused"][0] < 10, took
+    finally:
+        for cell in cells:
+            if cell.proc.poll() is None:
+                cell.proc.kill()
+                cell.proc.wait(30)
+    if not redis_up:
+        server.start()
+    (small_disk / "filler").unlink()
+    drain = [
+        subprocess.Popen(
+            [sys.executable, "-m", "worker", "run", "--burst", "--device", "cpu", "--queue", c.state],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for c in cells
+        if c.images
+    ]
+    for proc in drain:
+        assert proc.wait(600) == 0
+    server.stop()
+    for cell in cells:
+        if cell.images:
+            assert_exactly_once(cell.out, cell.images)
