@@ -12,8 +12,12 @@ workdir=$(mktemp -d)
 port=$("$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --port "$port" --bind 127.0.0.1 --dir "$workdir" --save "" --appendonly no \
   --daemonize yes --pidfile "$workdir/redis.pid" --logfile "$workdir/redis.log"
-cleanup() {
-  [ -n "${worker_pid:-}" ] && kill "$worker_pid" 2>/dev/null || true
+cleanup() {  # the worker first, while Redis still answers it; then Redis
+  if [ -n "${worker_pid:-}" ]; then
+    kill "$worker_pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.3; done
+    kill -9 "$worker_pid" 2>/dev/null || true
+  fi
   [ -f "$workdir/redis.pid" ] && kill "$(cat "$workdir/redis.pid")" 2>/dev/null || true
   sleep 0.2; rm -rf "$workdir"
 }
@@ -30,7 +34,8 @@ echo "== worker run --burst (tiny model on the CPU; the first run writes it to t
 mkdir -p "$(dirname "$OUT")"
 "$BIN/worker" run --burst --device cpu >"$OUT.worker.log" 2>&1 &
 worker_pid=$!
-"$BIN/producer" wait --timeout 170
+# a busy machine is slow, not stuck: give up only when nothing has moved for 2 minutes
+"$BIN/producer" wait --stall-timeout 120
 wait "$worker_pid" || { tail -20 "$OUT.worker.log"; exit 1; }; worker_pid=
 
 echo "== producer status"

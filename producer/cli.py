@@ -260,17 +260,24 @@ def status(queue: str | None, redis_url: str | None, as_json: bool) -> None:
 @main.command(short_help="Block until the queue drains, with images/s and ETA; exit 1 if a job failed.")
 @queue_options
 @click.option("--timeout", type=float, help="Give up (exit 4) after this many seconds.")
+@click.option(
+    "--stall-timeout",
+    type=float,
+    help="Give up (exit 4) once nothing has moved (no step, image or job) for this many seconds.",
+)
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between checks.")
 @user_errors
-def wait(queue: str | None, redis_url: str | None, timeout: float | None, poll: float) -> None:
+def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_timeout: float | None,
+         poll: float) -> None:  # fmt: skip
     """Block until the queue drains, showing the whole campaign: images written of its total
     (running jobs' steps included), images/s and jobs/s over the last 10 minutes, and the ETA.
-    Exit 1 if any job failed, 4 on --timeout."""
+    Exit 1 if any job failed, 4 on --timeout or --stall-timeout."""
     settings = Settings.load(queue=queue, redis_url=redis_url)
     conn = connect(settings.redis_url, retries=0)  # the loop below waits out a Redis restart itself
-    started = time.monotonic()
+    started = moved_at = time.monotonic()
     bar = Progress(f"queue {settings.queue}", None, "img")
     backoff = poll
+    last: tuple[object, ...] = ()
     while True:
         try:
             st = collect(conn, settings.queue, stale_after_s=settings.heartbeat_ttl)
@@ -289,9 +296,19 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, poll: 
         )
         if st.pending == 0:
             break
-        if timeout is not None and time.monotonic() - started > timeout:
+        now = time.monotonic()
+        state = (st.images_written, round(st.images_in_progress, 3), st.finished, st.failed, st.queued, st.running)
+        if state != last:
+            last, moved_at = state, now
+        if timeout is not None and now - started > timeout:
             bar.close()
             click.echo(f"error: queue {settings.queue!r} still has {st.pending} job(s) after {timeout:g}s", err=True)
+            sys.exit(4)
+        if stall_timeout is not None and now - moved_at > stall_timeout:
+            bar.close()
+            why = f" ({st.stalled})" if st.stalled else ""
+            click.echo(f"error: queue {settings.queue!r}: nothing moved for {stall_timeout:g}s{why}; "
+                       f"{st.pending} job(s) left", err=True)  # fmt: skip
             sys.exit(4)
         time.sleep(poll)
     bar.close(extra=_wait_extra(st))
@@ -314,6 +331,8 @@ def _wait_extra(st: QueueStatus) -> str:
         parts[-1] += f" ({'; '.join(steps)})"
     if st.failed:
         parts.append(f"{st.failed} failed")
+    if st.stalled:
+        parts.append(st.stalled)
     return "· " + " · ".join(parts)
 
 

@@ -119,7 +119,14 @@ def check_output(location: str, endpoint_url: str = "") -> str:
     takes a write with these credentials (one small object written and deleted), so a typo in
     the bucket or a missing key is one line here instead of every job failing on the workers."""
     if not is_url(location):
-        return str(local_path(location))
+        folder = local_path(location)
+        for path in (folder, *folder.parents):
+            if path.exists():
+                if not path.is_dir():
+                    what = "is a file" if path == folder else f"cannot be made: {path} is a file"
+                    raise ConfigError(f"--output {location!r} {what}; give a folder; nothing was enqueued")
+                break
+        return str(folder)
     store = Store(location.rstrip("/"), endpoint_url)
     try:
         store.probe()

@@ -86,6 +86,21 @@ class QueueStatus:
     failures: list[Failure] = field(default_factory=list)
     #: live workers that take no jobs (or not some), and why: full disk, a model they cannot load
     paused: dict[str, list[str]] = field(default_factory=dict)
+    #: the workers were looked at (``collect(details=True)``)
+    details: bool = False
+
+    @property
+    def stalled(self) -> str | None:
+        """Why no work can move now (no live worker, or every one paused), or None. While so,
+        there is no rate and no ETA: the past rate says nothing of when the rest will be done."""
+        if not self.details or not self.pending:
+            return None
+        if not self.workers:
+            return "no live worker"
+        if all(name in self.paused for name in self.workers):
+            reasons = sorted({reason for name in self.workers for reason in self.paused[name]})
+            return "all workers paused: " + "; ".join(reasons)
+        return None
 
     @property
     def pending(self) -> int:
@@ -98,11 +113,11 @@ class QueueStatus:
 
     @property
     def images_left(self) -> float:
-        return max(0.0, self.images_enqueued - self.images_written - self.images_in_progress)
+        return float(max(0.0, self.images_enqueued - self.images_written - self.images_in_progress))
 
     @property
     def eta_s(self) -> float | None:
-        if not self.pending or self.images_per_s <= 0:
+        if not self.pending or self.images_per_s <= 0 or self.stalled:
             return None
         return self.images_left / self.images_per_s
 
@@ -125,6 +140,7 @@ class QueueStatus:
                 "left": round(self.images_left, 2),
             },
             "rate": {"images_per_s": round(self.images_per_s, 4), "jobs_per_s": round(self.jobs_per_s, 4)},
+            "stalled": self.stalled,
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "running": [r.__dict__ | {"fraction": round(r.fraction, 3)} for r in self.running_jobs],
             "failures": [f.__dict__ for f in self.failures],
@@ -192,6 +208,9 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
     status.jobs_per_s, status.images_per_s = rates(recent, now, total)
     if details:
         _fill_details(conn, queue_name, status, stale_after_s)
+        status.details = True
+        if status.stalled:  # a rate from workers that are gone or paused would promise an ETA
+            status.jobs_per_s = status.images_per_s = 0.0
     return status
 
 
@@ -259,7 +278,9 @@ def render(status: QueueStatus, redis_label: str) -> str:
         lines.append("    (producer retry-failed re-queues the retryable ones; fix the permanent ones first)")
     total = f" of {status.images_enqueued}" if status.images_enqueued else ""
     lines.append(f"  images    {status.images_written}{total} written")
-    if status.images_per_s:
+    if status.stalled:
+        lines.append(f"  rate      - ({status.stalled})")
+    elif status.images_per_s:
         eta = status.eta_s
         eta_text = f", ETA {format_duration(eta)}" if eta is not None else ""
         lines.append(f"  rate      {status.images_per_s:.2f} img/s ({status.jobs_per_s:.3f} jobs/s){eta_text}")

@@ -56,3 +56,20 @@ def test_bad_input_is_one_clear_message_and_enqueues_nothing(env, conn, tmp_path
     assert "Traceback" not in result.output
     assert conn.dbsize() == 0, "something was enqueued"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["the folder", "a parent"])
+def test_an_output_that_is_a_file_is_refused_at_enqueue(env, conn, tmp_path, where):
+    """Workers would pause on it one by one (`'…/afile' is not writable: File exists`), valid
+    jobs queued behind it included: the producer says so instead, and queues nothing."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    rows = tmp_path / "p.csv"
+    rows.write_text("prompt\na fox\n", encoding="utf-8")
+    output = afile if where == "the folder" else afile / "out"
+    result = producer("enqueue", rows, *TINY_FLAGS, "--output", output)
+    assert result.exit_code == 2
+    said = "is a file" if where == "the folder" else f"cannot be made: {afile} is a file"
+    expected = f"error: --output '{output}' {said}; give a folder; nothing was enqueued"
+    assert result.output.strip().splitlines()[-1] == expected
+    assert conn.dbsize() == 0

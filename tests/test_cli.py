@@ -49,7 +49,7 @@ def test_status_and_wait_show_the_whole_campaign_with_the_running_jobs_steps(env
     assert run_worker(env, "--max-jobs", "1").returncode == 0  # one job done before anyone watches
     worker = start_worker(env, tmp_path / "w.log", "--name", "W")
     try:
-        wait_for(lambda: running_job(conn, "W"), 240, "the worker to be denoising")
+        wait_for(lambda: running_job(conn, "W"), 900, "the worker to be denoising")  # a hang, not a slow box
         data = json.loads(producer("status", "--json").output)
         assert data["images"]["enqueued"] == 4 and data["images"]["written"] == 1
         assert data["rate"]["images_per_s"] > 0  # right after the first job, not only after two
@@ -57,13 +57,35 @@ def test_status_and_wait_show_the_whole_campaign_with_the_running_jobs_steps(env
         text = producer("status").output
         assert "images    1 of 4 written" in text and "step " in text
         assert re.search(r"ETA \d+(s|m\d\ds|h\d\dm)\n", text), text
-        waited = producer("wait", "--timeout", "600")
+        waited = producer("wait", "--stall-timeout", "300")
         assert waited.exit_code == 0, waited.output
         assert "4/4 img (100.0%)" in waited.output and "img/s" in waited.output and "jobs/s" in waited.output
     finally:
         worker.send_signal(signal.SIGTERM)
-        worker.wait(120)
+        worker.wait(300)
     assert conn.zcard(recent_key("diffq")) == 4
+
+
+def test_no_rate_and_no_eta_while_no_worker_can_move_the_campaign():
+    st = QueueStatus(queue="q", queued=1, images_enqueued=8, images_per_s=0.12, details=True)
+    assert st.stalled == "no live worker" and st.eta_s is None
+    st.workers, st.paused = ["w1", "w2"], {"w1": ["disk full"], "w2": ["disk full", "read-only"]}
+    assert st.stalled == "all workers paused: disk full; read-only" and st.eta_s is None
+    st.paused.pop("w2")
+    assert st.stalled is None and st.eta_s == 8 / 0.12
+    done = QueueStatus(queue="q", images_enqueued=8, images_written=8, details=True)
+    assert done.stalled is None and done.to_json()["images"]["left"] == 0.0
+    assert isinstance(done.to_json()["images"]["left"], float)
+
+
+def test_wait_gives_up_when_nothing_moves_and_says_why(env, conn, tmp_path):
+    rows = write_csv(tmp_path / "p.csv", "prompt\nnobody takes this\n")
+    assert producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out").exit_code == 0
+    data = json.loads(producer("status", "--json").output)
+    assert data["stalled"] == "no live worker" and data["eta_s"] is None and data["rate"]["images_per_s"] == 0
+    waited = producer("wait", "--stall-timeout", "1", "--poll", "0.2")
+    assert waited.exit_code == 4
+    assert "error: queue 'diffq': nothing moved for 1s (no live worker); 1 job(s) left" in waited.output
 
 
 @pytest.mark.slow

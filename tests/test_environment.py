@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -67,25 +68,57 @@ def test_full_then_read_only_disk_pauses_the_worker_and_loses_no_job(env, conn, 
 
 
 @pytest.mark.slow
-def test_a_model_the_worker_cannot_load_fails_two_jobs_and_the_rest_stay_queued(env, conn, tmp_path):
+def test_a_model_no_worker_loads_fails_only_once_two_workers_failed_it_the_same_way(env, conn, tmp_path):
     bad = write_csv(tmp_path / "bad.csv", "prompt\n" + "".join(f"bad model {i}\n" for i in range(6)))
     flags = ("--width", "64", "--height", "64", "--steps", "3", "--chunk-size", "1")
     assert producer("enqueue", bad, "--model", "some/nonexistent-hub-id", *flags).exit_code == 0
     good = write_csv(tmp_path / "good.csv", "prompt\ngood one\ngood two\n")
     assert producer("enqueue", good, *TINY_FLAGS, "--output", tmp_path / "out").exit_code == 0
-    worker = run_worker({**env, "HF_HUB_OFFLINE": "1"})
-    assert worker.returncode == 0, worker.stderr[-3000:]
+    first = run_worker({**env, "HF_HUB_OFFLINE": "1"})
+    assert first.returncode == 0, first.stderr[-3000:]
     queue = get_queue("diffq", conn)
     failed = FailedJobRegistry(queue=queue)
-    assert failed.count == 2  # then the breaker opened: the other 4 stay queued for other workers
-    assert queue.count == 4 and FinishedJobRegistry(queue=queue).count == 1
+    # one worker failing to load is its own environment: every job given back, none failed
+    assert failed.count == 0 and queue.count == 6 and FinishedJobRegistry(queue=queue).count == 1
+    log = first.stderr
+    assert log.count("takes no more jobs for it") == 1
+    assert "Traceback" not in log
+    assert len(re.split(r"\n(?=\d{4}-\d\d-\d\d )", log)) < 50, log  # one line per event
+    second = run_worker({**env, "HF_HUB_OFFLINE": "1"})  # another worker, the same failure: the job's
+    assert second.returncode == 0, second.stderr[-3000:]
+    # the jobs both workers tried failed the same way twice: those (and only those) are the job's fault
+    assert failed.count >= 1 and failed.count + queue.count == 6
+    for job_id in failed.get_job_ids():
+        job = queue.fetch_job(job_id)
+        assert job.meta["permanent"] and len(job.meta["load_failures"]) == 2
     reason = producer("status").output
     assert "cannot be loaded: not in this worker's cache" in reason and "stacktrace" not in reason
-    log = worker.stderr
-    assert log.count("takes no more jobs for it") == 1
-    records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", log)
-    assert sum("Traceback" in record for record in records) == 1  # once per cause, then one line per job
-    assert len(records) < 50, log  # not a line storm: one line per job
+
+
+@pytest.mark.slow
+def test_a_fleet_with_one_broken_model_cache_fails_no_job(env, conn, cache_dir, tmp_path):
+    """3 workers, one of them with a truncated safetensors file in its own cache: that worker
+    gives its jobs back and stops taking the model; the other two make every image."""
+    broken = tmp_path / "broken-cache"
+    shutil.copytree(cache_dir, broken)
+    weights = next(p for p in broken.rglob("*.safetensors") if "unet" in str(p))
+    weights.write_bytes(weights.read_bytes()[:100])
+    rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"fleet {i}\n" for i in range(12)))
+    assert producer("enqueue", rows, *TINY_FLAGS, "--chunk-size", "2", "--output", tmp_path / "out").exit_code == 0
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    workers = [start_worker({**env, "DIFFQ_CACHE": str(broken)}, logs[0], "--burst")]
+    wait_for(lambda: "given back" in logs[0].read_text(), 240, "the broken worker to give a job back")
+    workers += [start_worker(env, log, "--burst") for log in logs[1:]]
+    try:
+        for worker in workers:
+            assert worker.wait(600) == 0
+    finally:
+        for worker in workers:
+            kill(worker)
+    queue = get_queue("diffq", conn)
+    assert FailedJobRegistry(queue=queue).count == 0 and queue.count == 0
+    assert_exactly_once(tmp_path / "out", 12)
+    assert "Traceback" not in logs[0].read_text()
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,10 @@ from types import TracebackType
 from rq.exceptions import DeserializationError
 from rq.job import Job
 
-from common.errors import DiffqError, InvalidJobSpec, PermanentJobError
+from common.errors import DiffqError, InvalidJobSpec, NotServedHere, PermanentJobError
+
+#: a model or adapter that fails to load the same way on this many distinct workers is the job's fault
+SAME_FAILURE_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,22 @@ def record_failure(job: Job, exc_type: type[BaseException], exc: BaseException, 
     job.meta["permanent"] = failure.permanent
     job.save_meta()
     return True
+
+
+def load_failed(job: Job | None, worker: str, what: str, exc: DiffqError) -> DiffqError:
+    """What to raise when this worker could not load ``what`` (a model or adapter) for ``job``.
+
+    A broken file in this worker's cache, a mount it lacks, a driver, full memory: none of it is
+    the job's fault, and a healthy worker would run the job. So the job is given back for other
+    workers (:class:`~common.errors.NotServedHere`, retries untouched), and each worker's reason
+    is kept in ``job.meta['load_failures']``. Only when :data:`SAME_FAILURE_WORKERS` distinct
+    workers failed the same way is the failure the job's own (a typo in a hub id, a gated
+    repository): then ``exc`` itself, which fails the job for good."""
+    if job is None:
+        return exc
+    seen: dict[str, str] = job.meta.setdefault("load_failures", {})
+    seen[worker] = str(exc)
+    job.save_meta()
+    if sum(reason == str(exc) for reason in seen.values()) >= SAME_FAILURE_WORKERS:
+        return exc
+    return NotServedHere(f"{what} does not load on this worker ({exc}); given back for another worker")

@@ -136,7 +136,7 @@ class DiffqWorker(SimpleWorker):
         self._running: Job | None = None
         self._running_queue: Queue | None = None
         self._lost: str | None = None  # id of a running job this worker no longer owns
-        self._told: set[str] = set()  # failure causes whose traceback was logged once
+        self._told: dict[str, int] = {}  # failure causes said, and how often they happened
         self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
         self._keeper_failures = 0
         #: the main thread waits for a job (a signal may interrupt it there)
@@ -397,11 +397,11 @@ class DiffqWorker(SimpleWorker):
             return
         failure = classify(exc)
         cause = f"{type(exc).__name__}: {failure.reason}"
-        if cause in self._told:
-            log.error("job %s failed: %s", job.id, failure.reason)
-        else:
-            self._told.add(cause)
-            log.error("job %s failed: %s", job.id, failure.reason, exc_info=exc_info)
+        times = self._told[cause] = self._told.get(cause, 0) + 1
+        if times == 1 or times in (10, 100, 1000) or times % 10000 == 0:
+            again = f" (the same reason {times} times so far)" if times > 1 else ""
+            log.error("job %s failed: %s%s", job.id, failure.reason, again)
+        log.debug("job %s failed", job.id, exc_info=exc_info)  # rq-dashboard shows it too (exc_info)
         for handler in self._exc_handlers:
             if handler(job, *exc_info) is False:
                 break

@@ -48,6 +48,7 @@ from worker.output.images import (
 from worker.output.objects import drop_part, existing, part_bytes, prepare_store, put_all
 from worker.pipelines.generate import BatchResult
 from worker.serving import runtime
+from worker.serving.failures import load_failed
 
 log = logging.getLogger("diffq.worker")
 
@@ -245,7 +246,7 @@ def _generate(
             force=True, loading=text))  # fmt: skip
     except ModelLoadError as exc:
         rt.breaker.failed(model, str(exc))
-        raise
+        raise load_failed(get_current_job(), rt.worker_name, model, exc) from None
     rt.breaker.succeeded(model)
     if params.adapter:
         adapter = f"adapter {params.adapter!r}"
@@ -254,7 +255,7 @@ def _generate(
             rt.pipelines.use_adapter(loaded, params.adapter, params.adapter_scale)
         except (AdapterNotFound, ModelLoadError) as exc:
             rt.breaker.failed(adapter, str(exc))
-            raise
+            raise load_failed(get_current_job(), rt.worker_name, adapter, exc) from None
         rt.breaker.succeeded(adapter)
     else:
         rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
