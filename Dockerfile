@@ -19,6 +19,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # kernel launcher with them at run time; without them a worker runs eagerly and says so.
 # setpriv (util-linux) lets the entrypoint drop from root to the image's user.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# the distribution's packages follow the pinned base image's release (no per-package pins)
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
        ca-certificates util-linux \
@@ -38,6 +40,8 @@ RUN if getent passwd 1000 >/dev/null; then \
 RUN python3 -m venv /opt/diffq
 ENV PATH=/opt/diffq/bin:$PATH
 # torch first, alone: its layer (several GB) stays cached while the project's code changes
+# (pinned: TORCH_VERSION; hadolint cannot read a pin through a build argument)
+# hadolint ignore=DL3013
 RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 
 WORKDIR /app

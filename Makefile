@@ -53,6 +53,7 @@ test-compose: install image
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint Dockerfile
 
 format: install
 	$(BIN)/ruff format .
