@@ -109,6 +109,14 @@ def test_every_state_stops_in_time_and_every_image_is_made_once(env, tmp_path, s
     server = RedisServer(free_port(), tmp_path / "redis", extra=("--appendonly", "yes", "--appendfsync", "always"))
     server.dir.mkdir()
     server.start()
+    try:
+        run_matrix(env, server, tmp_path, small_disk, redis_up, signals)
+    finally:
+        server.stop()
+
+
+def run_matrix(env: dict[str, str], server: RedisServer, tmp_path: Path, small_disk: Path, redis_up: bool,
+               signals: int) -> None:  # fmt: skip
     env = {**env, "REDIS_URL": server.url, "DIFFQ_HEARTBEAT_TTL": "6"}
     os.environ["REDIS_URL"] = server.url  # the in-process producer
     conn = redis.Redis.from_url(server.url)
@@ -140,7 +148,10 @@ def test_every_state_stops_in_time_and_every_image_is_made_once(env, tmp_path, s
             assert cell.proc.returncode in expected, (
                 f"{cell.state}: exit {cell.proc.returncode}\n{cell.log.read_text()[-3000:]}"
             )
-            assert "Traceback" not in cell.log.read_text(), f"{cell.state}:\n{cell.log.read_text()[-3000:]}"
+            text = cell.log.read_text()
+            assert "Traceback" not in text, f"{cell.state}:\n{text[-3000:]}"
+            assert "starting: importing torch" in text.splitlines()[0]  # said before the imports' silence
+            assert text.count("loading model tiny") <= 1
         if redis_up and signals == 1:  # idle and paused workers do not wait for anything
             assert took["idle"][0] < 10 and took["paused"][0] < 10, took
     finally:
@@ -164,7 +175,6 @@ def test_every_state_stops_in_time_and_every_image_is_made_once(env, tmp_path, s
     ]
     for proc in drain:
         assert proc.wait(600) == 0
-    server.stop()
     for cell in cells:
         if cell.images:
             assert_exactly_once(cell.out, cell.images)

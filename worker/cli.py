@@ -75,8 +75,12 @@ def run(**opts: Any) -> None:
             gpu_lease=opts["gpu_lease"],
         )
         lease = None
-        # until RQ installs its handlers, SIGTERM must still unwind (and release the lease)
-        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+        # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the lease)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda signum, _frame: sys.exit(128 + signum))
+        _quiet_libraries()
+        logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
+        logging.getLogger("diffq.worker").info("starting: importing torch and diffusers (seconds, on a cold disk)")
         if settings.gpu_lease:
             settings, lease = _lease_gpu(settings)
         try:
@@ -86,6 +90,12 @@ def run(**opts: Any) -> None:
                 lease.release()
     except DiffqError as exc:
         _fail(exc)
+
+
+def _quiet_libraries() -> None:
+    """One line per event: botocore says "Found credentials in environment variables." for every
+    S3 client it makes (half of an S3 run's log)."""
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
 
 
 #: what to do when the launcher is gone: exit, until the worker can give its job back first
@@ -113,7 +123,7 @@ def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
     """Lease a GPU and pin this process to it, before anything imports torch."""
     from worker.supervision.lease import GpuLease, candidates, lease_scope
 
-    logging.basicConfig(level=settings.log_level, format=_log_format("lease"))
+    logging.basicConfig(level=settings.log_level, format=_log_format("lease"), force=True)
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     lease = GpuLease(conn, lease_scope(settings.lease_scope), candidates(settings.gpu_lease))
     index = lease.acquire()

@@ -95,13 +95,13 @@ class PipelineCache:
         started = time.perf_counter()
         log.info("loading model %s (%s on %s)", model, str(self.dtype).removeprefix("torch."), self.device)
 
-        def report(text: str | None) -> None:
-            if text:
+        def report(text: str | None, *, quiet: bool = False) -> None:
+            if text and not quiet:
                 log.info("%s (%s)", text, model)
             if on_progress is not None:
                 on_progress(text)
 
-        report(f"loading model {model}")
+        report(f"loading model {model}", quiet=True)  # for the job's progress; the log said it above
         try:
             with download_progress(report):
                 pipe = self._load(model)
