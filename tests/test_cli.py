@@ -94,7 +94,7 @@ def test_dead_workers_leave_status_within_the_heartbeat_ttl(env, conn, tmp_path)
     worker = start_worker(env, tmp_path / "w.log", "--name", "gone-soon")
     try:
         listed = lambda: "gone-soon" in json.loads(producer("status", "--json").output)["workers"]  # noqa: E731
-        wait_for(listed, 240, "the worker to show")
+        wait_for(listed, 600, "the worker to show")
         kill(worker)
         worker.wait(30)
         wait_for(lambda: not listed(), 60, "the dead worker to leave the list")  # RQ keeps its key for 60 s

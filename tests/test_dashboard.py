@@ -47,7 +47,7 @@ def test_workers_page_shows_the_running_job(env, conn, tmp_path):
     root = f"http://127.0.0.1:{port}/0/data"
     try:
         job = wait_for(lambda: running_job(conn, "diffq-gpu0-test"), 120, "the worker to be denoising")
-        wait_for(lambda: answers(f"{root}/queues.json"), 240, "the dashboard to answer")
+        wait_for(lambda: answers(f"{root}/queues.json"), 600, "the dashboard to answer")
         with pytest.raises(urllib.error.HTTPError) as denied:
             get(f"{root}/workers.json", auth=None)
         assert denied.value.code == 401
@@ -82,7 +82,7 @@ def test_workers_page_shows_the_running_job(env, conn, tmp_path):
         )
         try:
             plain_root = f"http://127.0.0.1:{plain_port}/0/data"
-            wait_for(lambda: answers_plain(f"{plain_root}/queues.json"), 240, "plain rq-dashboard to answer")
+            wait_for(lambda: answers_plain(f"{plain_root}/queues.json"), 600, "plain rq-dashboard to answer")
             with pytest.raises(urllib.error.HTTPError) as broken:
                 get(f"{plain_root}/workers.json", auth=None)
             assert broken.value.code == 500 and running_job(conn, "diffq-gpu0-test") is not None

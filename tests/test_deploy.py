@@ -287,7 +287,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
     try:
         auth = (values["RQ_DASHBOARD_USERNAME"], values["RQ_DASHBOARD_PASSWORD"])
         root = f"http://127.0.0.1:{port}/0/data"
-        wait_for(lambda: _answers(f"{root}/queues.json"), 240, "rq-dashboard to answer")
+        wait_for(lambda: _answers(f"{root}/queues.json"), 600, "rq-dashboard to answer")
         with pytest.raises(urllib.error.HTTPError) as denied:
             get_json(f"{root}/queues.json", None)
         assert denied.value.code == 401
@@ -300,7 +300,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
         def workers() -> list[dict]:
             return get_json(f"{root}/workers.json", auth)["workers"]
 
-        listed = wait_for(lambda: [w for w in workers() if w["name"].startswith("diffq-gpu")], 240, "the live worker")
+        listed = wait_for(lambda: [w for w in workers() if w["name"].startswith("diffq-gpu")], 600, "the live worker")
         assert listed[0]["name"].startswith("diffq-gpu0-") and listed[0]["queues"] == ["diffq"]
 
         failed = get_json(f"{root}/jobs/diffq/failed/10/asc/1.json", auth)["jobs"]

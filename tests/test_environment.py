@@ -107,7 +107,7 @@ def test_a_fleet_with_one_broken_model_cache_fails_no_job(env, conn, cache_dir, 
     assert producer("enqueue", rows, *TINY_FLAGS, "--chunk-size", "2", "--output", tmp_path / "out").exit_code == 0
     logs = [tmp_path / f"w{i}.log" for i in range(3)]
     workers = [start_worker({**env, "DIFFQ_CACHE": str(broken)}, logs[0], "--burst")]
-    wait_for(lambda: "given back" in logs[0].read_text(), 240, "the broken worker to give a job back")
+    wait_for(lambda: "given back" in logs[0].read_text(), 600, "the broken worker to give a job back")
     workers += [start_worker(env, log, "--burst") for log in logs[1:]]
     try:
         for worker in workers:

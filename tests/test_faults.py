@@ -81,7 +81,7 @@ def test_sigterm_finishes_the_current_job_takes_no_new_one_and_exits_0(env, conn
     output = enqueue(tmp_path, 6, 2, SLOW)
     worker = start_worker(env, tmp_path / "w.log", "--name", "W")
     try:
-        current = wait_for(lambda: running_job(conn, "W"), 240, "the worker to be denoising")
+        current = wait_for(lambda: running_job(conn, "W"), 600, "the worker to be denoising")
         assert stop(worker, signal.SIGTERM) == 0
         assert Job.fetch(current.id, connection=conn, serializer=JSONSerializer).get_status() == "finished"
         assert get_queue("diffq", conn).count == 2  # the other two jobs were not taken
@@ -94,7 +94,7 @@ def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn
     output = enqueue(tmp_path, 6, 2, (*SLOW, "--max-retries", "2"))
     worker = start_worker(env, tmp_path / "w.log", "--name", "W")
     try:
-        current = wait_for(lambda: running_job(conn, "W"), 240, "the worker to be denoising")
+        current = wait_for(lambda: running_job(conn, "W"), 600, "the worker to be denoising")
         worker.send_signal(signal.SIGTERM)
         time.sleep(1.5)  # the same signal twice within a second counts once
         sent = time.monotonic()
@@ -137,7 +137,7 @@ def test_redis_restart_loses_nothing_and_workers_and_wait_reconnect(env, aof_red
     )
     try:
         finished = FinishedJobRegistry("diffq", connection=conn)
-        wait_for(lambda: finished.count >= 1, 240, "a first job to finish")
+        wait_for(lambda: finished.count >= 1, 600, "a first job to finish")
         assert finished.count < 8, "too fast to restart Redis mid-run"
         aof_redis.stop()
         time.sleep(2.5)  # Redis down: a fault that lasts, not a wait for work

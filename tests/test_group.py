@@ -206,7 +206,7 @@ def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
     log = tmp_path / "group.log"
     group = start_group(env, log, "--data-parallel-degree", "2", "--burst", restarts=1)
     try:
-        rank1 = wait_for(lambda: _pid_of_rank(log, 1), 240, "rank 1 to start")
+        rank1 = wait_for(lambda: _pid_of_rank(log, 1), 600, "rank 1 to start")
         job = wait_for(lambda: _running(conn), 120, "a job to be denoising")
         os.kill(rank1, signal.SIGKILL)
         killed = time.monotonic()
@@ -246,7 +246,7 @@ def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
         stderr=subprocess.STDOUT,
     )
     try:
-        rank1 = wait_for(lambda: _pid_of_rank(log, 1), 240, "rank 1 to start")
+        rank1 = wait_for(lambda: _pid_of_rank(log, 1), 600, "rank 1 to start")
         wait_for(lambda: "injected hang" in log.read_text(errors="replace"), 120, "rank 0 to hang")
         os.kill(rank1, signal.SIGKILL)
         killed = time.monotonic()

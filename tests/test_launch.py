@@ -74,7 +74,7 @@ def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env,
         wait_for(lambda: sum(bool(running_job(conn, n)) for n in names()) == 2, 180, "both children to denoise")
         children = _worker_pids(conn)
         launcher.kill()  # SIGKILL: no handler runs, nothing is sent to the children
-        wait_for(lambda: not any(_alive(pid) for pid in children), 240, "the orphaned children to exit")
+        wait_for(lambda: not any(_alive(pid) for pid in children), 600, "the orphaned children to exit")
     finally:
         kill(launcher)
     queue = get_queue("diffq", conn)

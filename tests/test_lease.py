@@ -51,7 +51,7 @@ def test_scaled_workers_get_distinct_gpus_and_a_dead_holders_gpu_is_freed(env, c
     env = {**env, "DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0,1"}
     procs = [start_worker(env, tmp_path / f"w{i}.log") for i in range(3)]
     try:
-        leased = wait_for(lambda: len(holders(conn)) == 2 and holders(conn), 240, "two leases")
+        leased = wait_for(lambda: len(holders(conn)) == 2 and holders(conn), 600, "two leases")
         time.sleep(2.5)  # the third worker keeps waiting: it must not take a held GPU
         assert len(holders(conn)) == 2
         names = wait_for(

@@ -216,7 +216,7 @@ def test_a_worker_that_loses_the_endpoint_pauses_and_resumes_without_failing_job
     try:
         wait_for(lambda: int(conn.get(images_key("diffq")) or 0) >= 2, 180, "the first job to be recorded")
         relay.cut()
-        paused = wait_for(lambda: collect(conn, "diffq").paused.get("w3"), 240, "the worker to pause")
+        paused = wait_for(lambda: collect(conn, "diffq").paused.get("w3"), 600, "the worker to pause")
         assert "cannot reach" in paused[0], paused
         assert FailedJobRegistry("diffq", connection=conn).count == 0
         relay.restore()

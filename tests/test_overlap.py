@@ -56,7 +56,7 @@ def test_the_next_job_denoises_while_the_writer_holds_the_last_ones_images(env, 
     worker = start_worker({**env, "DIFFQ_FAULT_HOLD_WRITER": str(hold)}, log, "--name", "OV")
     try:
         # job 2 is denoising while job 1's images are still in the writer: nothing on disk yet
-        wait_for(lambda: _denoising(conn, ids[1]), 240, "the second job denoising")
+        wait_for(lambda: _denoising(conn, ids[1]), 600, "the second job denoising")
         first = _jobs(conn, ids[:1])[0]
         assert first.get_status() == JobStatus.STARTED  # not finished before its images are written
         assert images_under(out) == []
@@ -85,7 +85,7 @@ def test_a_worker_killed_with_images_in_the_writer_loses_nothing(env, conn, tmp_
         {**fast, "DIFFQ_FAULT_HOLD_WRITER": str(tmp_path / "never")}, tmp_path / "a.log", "--name", "A"
     )
     try:
-        wait_for(lambda: _denoising(conn, ids[1]), 240, "the second job denoising")
+        wait_for(lambda: _denoising(conn, ids[1]), 600, "the second job denoising")
     finally:
         kill(first)  # job 1 in the writer, job 2 on the GPU: both die with it
     assert images_under(out) == []
@@ -109,7 +109,7 @@ def test_a_full_disk_found_by_the_writer_gives_the_job_back_and_pauses(env, conn
     log = tmp_path / "w.log"
     worker = start_worker({**env, "DIFFQ_FAULT_HOLD_WRITER": str(hold)}, log, "--name", "FULL")
     try:
-        wait_for(lambda: "writer holds" in log.read_text(), 240, "the writer holding the images")
+        wait_for(lambda: "writer holds" in log.read_text(), 600, "the writer holding the images")
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
         (small_disk / "filler").write_bytes(b"\0" * free)  # the disk fills up while the writer waits
         hold.touch()
@@ -120,7 +120,7 @@ def test_a_full_disk_found_by_the_writer_gives_the_job_back_and_pauses(env, conn
         assert FailedJobRegistry(queue=get_queue("diffq", conn)).count == 0
         assert not conn.get(images_key("diffq"))
         (small_disk / "filler").unlink()
-        wait_for(lambda: job.get_status() == JobStatus.FINISHED, 240, "the job done once space is back")
+        wait_for(lambda: job.get_status() == JobStatus.FINISHED, 600, "the job done once space is back")
     finally:
         kill(worker)
     assert_exactly_once(out, 2)
@@ -133,7 +133,7 @@ def test_a_cold_stop_gives_back_the_job_in_the_writer_and_the_running_one(env, c
     log = tmp_path / "w.log"
     worker = start_worker({**env, "DIFFQ_FAULT_HOLD_WRITER": str(tmp_path / "never")}, log, "--name", "COLD")
     try:
-        wait_for(lambda: _denoising(conn, ids[1]), 240, "the second job denoising")
+        wait_for(lambda: _denoising(conn, ids[1]), 600, "the second job denoising")
         worker.send_signal(signal.SIGTERM)
         wait_for(lambda: "warm shutdown" in log.read_text(), 120, "the warm shutdown line")
         time.sleep(1.2)  # more than a second later: a second request, not the same one twice
