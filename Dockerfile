@@ -37,7 +37,9 @@ RUN if getent passwd 1000 >/dev/null; then \
     && mkdir -p /cache /data \
     && chown diffq:diffq /cache /data
 
-RUN python3 -m venv /opt/diffq
+# one pip on every base: Debian 12's venv brings pip 23.0, whose resolver backtracked for over
+# 25 minutes on these constraints (measured on a Debian 12 stand-in) where 25.1 resolves at once
+RUN python3 -m venv /opt/diffq && /opt/diffq/bin/pip install --no-cache-dir "pip==25.1.1"
 ENV PATH=/opt/diffq/bin:$PATH
 # torch first, alone: its layer (several GB) stays cached while the project's code changes
 # (pinned: TORCH_VERSION; hadolint cannot read a pin through a build argument)
