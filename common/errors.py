@@ -70,3 +70,9 @@ class OutputUnavailable(WorkerUnavailable):
 
 class NotServedHere(WorkerUnavailable):
     """This worker failed to load the job's model or adapter several times and no longer tries."""
+
+
+class OutputRefused(NotServedHere):
+    """This one job's output folder cannot be written by this worker (a file in its place, no
+    permission there), while other jobs can: the job is given back for other workers and this
+    worker goes on; only a worker-wide condition (full or read-only disk) pauses it."""

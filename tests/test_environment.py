@@ -144,3 +144,28 @@ def test_enqueue_names_the_row_whose_adapter_is_missing(env, conn, tmp_path):
     assert result.exit_code == 2
     assert f"{rows}:3: adapter '/no/such/dora.safetensors' does not exist here" in result.output
     assert conn.dbsize() == 0
+
+
+@pytest.mark.slow
+def test_a_job_whose_folder_is_a_file_is_given_back_and_valid_jobs_behind_it_run(env, conn, tmp_path):
+    """One job's folder (a file took its place after the enqueue) is that job's problem on
+    this worker: it goes back for other workers and the worker does not pause; a second
+    worker that fails the same way proves it is the job's own, and fails it for good."""
+    afile = tmp_path / "afile"
+    first = write_csv(tmp_path / "first.csv", "prompt\nin a file's place\n")
+    assert producer("enqueue", first, *TINY_FLAGS, "--output", afile).exit_code == 0
+    afile.write_text("a file where the folder should be")
+    good = write_csv(tmp_path / "good.csv", "prompt\nvalid one\nvalid two\n")
+    assert producer("enqueue", good, *TINY_FLAGS, "--chunk-size", "1", "--output", tmp_path / "out").exit_code == 0
+    one = run_worker(env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "paused" not in one.stderr and "Traceback" not in one.stderr
+    queue = get_queue("diffq", conn)
+    assert FinishedJobRegistry(queue=queue).count == 2 and queue.count == 1
+    assert FailedJobRegistry(queue=queue).count == 0
+    two = run_worker(env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    (failed,) = FailedJobRegistry(queue=queue).get_job_ids()
+    job = queue.fetch_job(failed)
+    assert job.meta["permanent"] and "File exists" in job.meta["error"]
+    assert_exactly_once(tmp_path / "out", 2)

@@ -23,7 +23,7 @@ from typing import Any
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from common.errors import OutputNotWritable, OutputUnavailable
+from common.errors import OutputNotWritable, OutputRefused, OutputUnavailable
 from common.naming import METADATA_FILE
 from common.processes import alive
 
@@ -49,10 +49,20 @@ def png_bytes(image: Image.Image, params: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def unavailable(output: str | Path, exc: OSError) -> OutputUnavailable:
-    """The worker-side error for an OSError while writing under ``output``."""
+#: of those, what stops every job of this worker, not only this job's: the disk or the mount
+WORKER_WIDE = ENVIRONMENT_ERRNOS - {errno.EACCES, errno.EPERM}
+
+
+def unavailable(output: str | Path, exc: OSError) -> OutputUnavailable | OutputRefused:
+    """The worker-side error for an OSError while writing under ``output``: a full, read-only or
+    vanished disk pauses the worker (:class:`OutputUnavailable`); anything that concerns this
+    job's folder alone (a file in its place, no permission) gives the job back and the worker
+    goes on (:class:`OutputRefused`)."""
     why = exc.strerror or exc.__class__.__name__
-    return OutputUnavailable(f"output folder {str(output)!r} is not writable on this worker: {why}", output=str(output))
+    text = f"output folder {str(output)!r} is not writable on this worker: {why}"
+    if exc.errno in WORKER_WIDE:
+        return OutputUnavailable(text, output=str(output))
+    return OutputRefused(text)
 
 
 def _host() -> str:

@@ -52,15 +52,19 @@ def record_failure(job: Job, exc_type: type[BaseException], exc: BaseException, 
     return True
 
 
-def load_failed(job: Job | None, worker: str, what: str, exc: DiffqError) -> DiffqError:
-    """What to raise when this worker could not load ``what`` (a model or adapter) for ``job``.
+def refused_here(
+    job: Job | None, worker: str, what: str, exc: DiffqError, here: NotServedHere | None = None
+) -> DiffqError:
+    """What to raise when this worker cannot serve ``what`` (a model or adapter it cannot load,
+    an output folder it cannot write) for ``job``.
 
-    A broken file in this worker's cache, a mount it lacks, a driver, full memory: none of it is
-    the job's fault, and a healthy worker would run the job. So the job is given back for other
-    workers (:class:`~common.errors.NotServedHere`, retries untouched), and each worker's reason
-    is kept in ``job.meta['load_failures']``. Only when :data:`SAME_FAILURE_WORKERS` distinct
-    workers failed the same way is the failure the job's own (a typo in a hub id, a gated
-    repository): then ``exc`` itself, which fails the job for good."""
+    A broken file in this worker's cache, a mount it lacks, a driver, full memory, a folder it
+    may not write: none of it is the job's fault, and a healthy worker would run the job. So the
+    job is given back for other workers (``here``, a :class:`~common.errors.NotServedHere`,
+    retries untouched), and each worker's reason is kept in ``job.meta['load_failures']``. Only
+    when :data:`SAME_FAILURE_WORKERS` distinct workers failed the same way is the failure the
+    job's own (a typo in a hub id, a file where its folder should be): then ``exc``, which
+    fails the job for good."""
     if job is None:
         return exc
     seen: dict[str, str] = job.meta.setdefault("load_failures", {})
@@ -68,4 +72,4 @@ def load_failed(job: Job | None, worker: str, what: str, exc: DiffqError) -> Dif
     job.save_meta()
     if sum(reason == str(exc) for reason in seen.values()) >= SAME_FAILURE_WORKERS:
         return exc
-    return NotServedHere(f"{what} does not load on this worker ({exc}); given back for another worker")
+    return here or NotServedHere(f"{what} does not load on this worker ({exc}); given back for another worker")

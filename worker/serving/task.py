@@ -26,7 +26,7 @@ from PIL import Image
 from rq import get_current_job
 from rq.job import Job
 
-from common.errors import AdapterNotFound, ModelLoadError
+from common.errors import AdapterNotFound, ModelLoadError, OutputNotWritable, OutputRefused
 from common.jobspec import JobSpec, PromptItem
 from common.ledger import DONE, Ledger
 from common.naming import image_relpath, item_key, metadata_part
@@ -48,7 +48,7 @@ from worker.output.images import (
 from worker.output.objects import drop_part, existing, part_bytes, prepare_store, put_all
 from worker.pipelines.generate import BatchResult
 from worker.serving import runtime
-from worker.serving.failures import load_failed
+from worker.serving.failures import refused_here
 
 log = logging.getLogger("diffq.worker")
 
@@ -121,7 +121,11 @@ def run_job(spec: dict[str, Any]) -> Any:
 
     # 1. Validate the payload (it came from Redis, so it is untrusted) and count the attempt
     chunk = JobSpec.from_dict(spec)
-    output = _destination(chunk.output, rt.settings)
+    try:
+        output = _destination(chunk.output, rt.settings)
+    except OutputRefused as exc:  # this job's folder alone: other workers may write it
+        refused = OutputNotWritable(str(exc).replace(" on this worker", ""))
+        raise refused_here(job, rt.worker_name, f"output {chunk.output!r}", refused, exc) from None
     _count_attempt(job, rt.settings.fault_fail_attempts)
 
     # 2. Plan: skip what is done, keep images an interrupted attempt finished
@@ -246,7 +250,7 @@ def _generate(
             force=True, loading=text))  # fmt: skip
     except ModelLoadError as exc:
         rt.breaker.failed(model, str(exc))
-        raise load_failed(get_current_job(), rt.worker_name, model, exc) from None
+        raise refused_here(get_current_job(), rt.worker_name, model, exc) from None
     rt.breaker.succeeded(model)
     if params.adapter:
         adapter = f"adapter {params.adapter!r}"
@@ -255,7 +259,7 @@ def _generate(
             rt.pipelines.use_adapter(loaded, params.adapter, params.adapter_scale)
         except (AdapterNotFound, ModelLoadError) as exc:
             rt.breaker.failed(adapter, str(exc))
-            raise load_failed(get_current_job(), rt.worker_name, adapter, exc) from None
+            raise refused_here(get_current_job(), rt.worker_name, adapter, exc) from None
         rt.breaker.succeeded(adapter)
     else:
         rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
