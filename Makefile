@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-compose image lint format clean
+.PHONY: install demo test test-fast test-compose image image-py311 lint format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -46,6 +46,14 @@ image:
 	 elif ! docker info >/dev/null 2>&1; then echo "no Docker engine answers (docker info) and no $(CONTAINER_ENGINE) to start one"; exit 1; fi
 	@start=$$(date +%s); docker build -q $(IMAGE_ARGS) -t diffq:0.1.0 . >/dev/null && \
 	 echo "image diffq:0.1.0 built in $$(( $$(date +%s) - start )) s, $$(docker image inspect -f '{{.Size}}' diffq:0.1.0 | awk '{printf "%.2f GB", $$1/1e9}')"
+
+# the same image on Python 3.11 (Debian 12), the oldest Python pyproject.toml allows: the
+# constraints must resolve there too
+PY311_BASE ?= localhost/debian-py311:bookworm
+image-py311: image
+	@BASE_RELEASE=bookworm bash "$(CONTAINER_ENGINE)" base $(PY311_BASE)
+	@start=$$(date +%s); docker build -q $(IMAGE_ARGS) --build-arg BASE_IMAGE=$(PY311_BASE) -t diffq:py311 . >/dev/null && \
+	 echo "image diffq:py311 built in $$(( $$(date +%s) - start )) s: $$(docker run --rm --entrypoint python3 diffq:py311 --version)"
 
 test-compose: install image
 	$(BIN)/pytest -q tests/compose
