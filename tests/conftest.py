@@ -236,16 +236,18 @@ class S3Server:
     proc: subprocess.Popen | None = None
     key: str = ""
     secret: str = ""
+    #: the address it listens on (a bridge's gateway for containers: tests/compose)
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
         # moto lets this many requests through unauthenticated: the three that make our user
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -262,7 +264,7 @@ class S3Server:
         if self.proc is not None and self.proc.poll() is not None:
             pytest.fail("the S3 server (python -m moto.server) exited at start")
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            with socket.create_connection((self.host, self.port), timeout=1):
                 return True
         except OSError:
             return False
