@@ -6,8 +6,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 
 import pytest
+import redis
 from conftest import EXAMPLES, ROOT, SLOW, TINY_FLAGS, kill, producer, running_job, wait_for, worker_cmd, write_csv
 from rq import Worker
 from rq.job import Job
@@ -96,3 +98,27 @@ def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(shell.pid, signal.SIGKILL)
     assert _worker_pids(conn) == []
+
+
+@pytest.mark.slow
+def test_launch_stops_within_30s_of_sigterm_with_redis_down(env, tmp_path, aof_redis):
+    """Stopping wins over Redis for the launcher too: its children give up on a dead Redis
+    within their grace and exit, and so does the launcher; the jobs come back by heartbeat."""
+    env = {**env, "REDIS_URL": aof_redis.url}
+    conn = redis.Redis.from_url(aof_redis.url)
+    with open(tmp_path / "launch.log", "wb") as log:
+        launcher = subprocess.Popen(worker_cmd("launch", "--gpus", "cpu,cpu"), env=env, cwd=ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for(lambda: len(_worker_pids(conn)) == 2, 600, "both children to register")
+        children = _worker_pids(conn)
+        aof_redis.stop()
+        wait_for(lambda: "Redis unreachable" in (tmp_path / "launch.log").read_text(), 120, "Redis to be missed")
+        launcher.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        launcher.wait(120)
+        took = time.monotonic() - signalled
+        print(f"launcher exited {took:.1f}s after SIGTERM with Redis down")
+        assert took < 40 and not any(_alive(pid) for pid in children)
+    finally:
+        kill(launcher)
