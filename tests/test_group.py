@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from conftest import ROOT, TINY_FLAGS, images_under, kill, producer, run_worker, wait_for
+from conftest import ROOT, TINY_FLAGS, RedisServer, images_under, kill, producer, run_worker, wait_for
 from PIL import Image
 from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
@@ -279,3 +279,38 @@ def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn
     assert "re-queued" not in text
     assert len(FinishedJobRegistry("diffq", connection=conn).get_job_ids()) == 1  # no new job taken
     assert conn.llen("rq:queue:diffq") == 1
+
+
+@pytest.mark.slow
+def test_sigterm_with_redis_down_ends_every_rank_within_40s(
+    env: dict[str, str], tmp_path: Path, aof_redis: RedisServer
+) -> None:
+    """Stopping wins over Redis for a group too: rank 0 gives up on a dead Redis within its
+    grace, tells the other ranks to stop, and torchrun exits; the job comes back by heartbeat."""
+    env = {**env, "REDIS_URL": aof_redis.url}
+    conn = redis.Redis.from_url(aof_redis.url)
+    enqueue_to(aof_redis.url, tmp_path, [f"redis down {i}" for i in range(4)])
+    log = tmp_path / "group.log"
+    group = start_group(env, log, "--data-parallel-degree", "2")
+    try:
+        wait_for(lambda: _running(conn), 600, "a job to be denoising")
+        aof_redis.stop()
+        wait_for(lambda: "Redis unreachable" in log.read_text(), 120, "rank 0 to miss Redis")
+        group.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        group.wait(timeout=120)
+        took = time.monotonic() - signalled
+    finally:
+        kill(group)
+    print(f"group exited {took:.1f}s after SIGTERM with Redis down")
+    assert took < 40, log.read_text()[-3000:]
+    text = log.read_text()  # torchrun itself prints a SignalException traceback on SIGTERM; our ranks none
+    assert not re.search(r'File "[^"]*/(worker|common)/', text), text[-3000:]
+
+
+def enqueue_to(url: str, tmp_path: Path, prompts: list[str]) -> None:
+    path = tmp_path / "prompts.csv"
+    path.write_text("prompt\n" + "".join(f"{p}\n" for p in prompts))
+    flags = (*SLOW, "--chunk-size", "2", "--redis-url", url, "--output", tmp_path / "out")
+    result = producer("enqueue", path, *flags)
+    assert result.exit_code == 0, result.output
