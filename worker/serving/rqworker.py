@@ -385,8 +385,9 @@ class DiffqWorker(SimpleWorker):
             raise SystemExit(self.exit_after_job)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
-        """One line per failure in the log (the traceback once per cause), then the failure
-        handlers. Nothing at all for a job this worker lost or could not run here."""
+        """One line per failure in the log (the traceback at DEBUG; a repeated reason is counted,
+        not repeated), then the failure handlers. Nothing at all for a job this worker lost or
+        could not run here."""
         exc = exc_info[1]
         if isinstance(exc, redis.RedisError) and WAY_OUT.closed():
             raise exc  # stopping with Redis gone: nothing to record (execute_job says so)
