@@ -141,6 +141,8 @@ class DiffqWorker(SimpleWorker):
         self._keeper_failures = 0
         #: the main thread waits for a job (a signal may interrupt it there)
         self._waiting = False
+        #: a cold stop is under way: whichever thread ends the process, it ends with EXIT_COLD
+        self._cold = False
         self._keeper_stop = threading.Event()
         self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
@@ -325,6 +327,7 @@ class DiffqWorker(SimpleWorker):
         """A cold stop (a second signal, or the launcher gone): the job goes back at the front of
         its queue and the process ends now, whatever the main thread is in the middle of."""
         job, queue = self._running, self._running_queue
+        self._cold = True
         # exit in COLD_EXIT_S whatever happens below: Redis may be down, or hung
         timer = threading.Timer(COLD_EXIT_S, os._exit, (EXIT_COLD,))
         timer.daemon = True
@@ -374,7 +377,7 @@ class DiffqWorker(SimpleWorker):
                 raise
             log.warning("job %s: Redis did not answer on the way out (%s); it comes back by its heartbeat",
                         job.id, exc.__class__.__name__)  # fmt: skip
-            raise SystemExit(EXIT_REDIS_GONE) from None
+            raise SystemExit(EXIT_COLD if self._cold else EXIT_REDIS_GONE) from None
         finally:
             self._running = self._running_queue = None
             if self.runtime is not None:
