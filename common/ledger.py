@@ -3,10 +3,14 @@
 ``diffq:<queue>:items`` is a hash from item key to the item's state:
 
 - ``<job id>``: queued or running in that job; its metadata lines are not recorded yet.
-- ``r:<job id>``: done once, queued again because its images went missing on disk. Its metadata
-  lines were recorded the first time, so they are neither written nor counted again.
+- ``r:<job id>``: done once, queued again because its images went missing on disk while its
+  metadata lines stayed. The lines are not written again; the images are counted again when
+  they are written (CLAIM took them off the count: a count is never ahead of the disk).
 - ``done``: its images are written, its metadata lines recorded, and it is counted in
   ``diffq:<queue>:images``.
+
+A done item whose images *and* lines are gone is queued again as a plain ``<job id>``, off the
+count too: it is made, recorded and counted as if new.
 
 Every change of state is one Lua script, so it is atomic with the check that allows it:
 
@@ -32,9 +36,14 @@ import redis
 
 DONE = "done"
 REDO_PREFIX = "r:"
+#: CLAIM's redo flags: make an item that is not done; remake a done item's images (its lines are
+#: there); remake a done item's images and lines
+MAKE, REMAKE_IMAGES, REMAKE_ALL = 0, 1, 2
 
-#: KEYS: items, queue, job hash, rq:queues, images-enqueued counter. ARGV: job id, n, n item keys,
-#: n redo flags, n image counts, job fields...
+#: KEYS: items, queue, job hash, rq:queues, images-enqueued counter, images-written counter.
+#: ARGV: job id, n, n item keys, n redo flags, n image counts, job fields... A redo flag is
+#: '0' (make it if it is not done), '1' (done, its images are missing, its lines are there) or
+#: '2' (done, its images and lines are missing).
 #: Returns {} when the job was queued, else the item keys that are taken (or '*job' when a live
 #: job with this id exists). The ``#!lua`` line declares it a script with flags (Redis 7), and
 #: without ``allow-oom`` Redis refuses it whole when it is over ``maxmemory``: no chunk is ever
@@ -50,7 +59,7 @@ for i = 1, n do
   if not state then
     free = true
   elseif state == 'done' then
-    free = ARGV[2 + n + i] == '1'
+    free = ARGV[2 + n + i] ~= '0'
   else
     local owner = state
     if string.sub(owner, 1, 2) == 'r:' then owner = string.sub(owner, 3) end
@@ -64,18 +73,25 @@ local status = redis.call('HGET', KEYS[3], 'status')
 if status and live[status] then return {'*job'} end
 redis.call('DEL', KEYS[3])
 local images = 0
+local uncounted = 0
 for i = 1, n do
   local key = ARGV[2 + i]
+  local flag = ARGV[2 + n + i]
+  local count = tonumber(ARGV[2 + 2 * n + i])
   local state = redis.call('HGET', KEYS[1], key)
   local value = ARGV[1]
-  if state == 'done' or (state and string.sub(state, 1, 2) == 'r:') then
-    value = 'r:' .. ARGV[1]
+  if state == 'done' then
+    uncounted = uncounted + count
+    if flag == '1' then value = 'r:' .. ARGV[1] end
+  elseif state and string.sub(state, 1, 2) == 'r:' then
+    if flag ~= '2' then value = 'r:' .. ARGV[1] end
   elseif not state then
-    images = images + tonumber(ARGV[2 + 2 * n + i])
+    images = images + count
   end
   redis.call('HSET', KEYS[1], key, value)
 end
 if images > 0 then redis.call('INCRBY', KEYS[5], images) end
+if uncounted > 0 then redis.call('DECRBY', KEYS[6], uncounted) end
 redis.call('HSET', KEYS[3], unpack(ARGV, 3 + 3 * n))
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[4], KEYS[2])
@@ -107,7 +123,7 @@ for i = 5, #ARGV, 2 do
   local key = ARGV[i]
   local state = redis.call('HGET', KEYS[2], key)
   if state ~= 'done' then
-    if not (state and string.sub(state, 1, 2) == 'r:') then counted = counted + tonumber(ARGV[i + 1]) end
+    counted = counted + tonumber(ARGV[i + 1])
     redis.call('HSET', KEYS[2], key, 'done')
   end
   redis.call('HDEL', KEYS[3], key)
@@ -149,18 +165,20 @@ class Ledger:
         job_key: str,
         queues_key: str,
         enqueued_key: str,
+        images_key: str,
         job_id: str,
         keys: list[str],
-        redo: list[bool],
+        redo: list[int],
         images: list[int],
         job_fields: list[bytes | str],
         client: redis.client.Pipeline | None = None,
     ) -> Any:
         """Queue the job if all its items are free. Answers the item keys that were taken instead
-        (empty: queued); with a pipeline as ``client``, the answer comes from its ``execute``."""
-        flags = ["1" if r else "0" for r in redo]
-        args: list[bytes | str | int] = [job_id, len(keys), *keys, *flags, *images, *job_fields]
-        return self._claim(keys=[items_key, queue_key, job_key, queues_key, enqueued_key], args=args, client=client)
+        (empty: queued); with a pipeline as ``client``, the answer comes from its ``execute``.
+        ``redo`` per item: :data:`MAKE`, :data:`REMAKE_IMAGES` or :data:`REMAKE_ALL`."""
+        args: list[bytes | str | int] = [job_id, len(keys), *keys, *map(str, redo), *images, *job_fields]
+        keys_ = [items_key, queue_key, job_key, queues_key, enqueued_key, images_key]
+        return self._claim(keys=keys_, args=args, client=client)
 
     def begin(
         self, *, started_key: str, items_key: str, intents_key: str, member: str, offset: int, keys: list[str]

@@ -183,6 +183,12 @@ def checked_key(queue: str) -> str:
     return f"diffq:{queue}:checked"
 
 
+def seen_key(queue: str) -> str:
+    """``<host>\t<output>`` of the hosts whose producer saw a local output folder: if it is gone
+    later, it was deleted (its images are made again), not merely out of this host's sight."""
+    return f"diffq:{queue}:seen"
+
+
 def finished_key(queue: str) -> str:
     """Jobs finished since the campaign began (RQ's finished registry keeps only the newest)."""
     return f"diffq:{queue}:finished"

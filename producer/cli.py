@@ -186,6 +186,14 @@ def enqueue(file: Path, **opts: Any) -> None:
         + f": enqueued {report.jobs} job(s), {report.images} image(s) on queue {settings.queue!r} "
         f"at {redact(settings.redis_url)}; images go to {output}"
     )
+    if enqueuer.output_gone and report.missing_images:
+        click.echo(f"output {output} is gone: its {report.missing_images} done item(s) are made again", err=True)
+    if report.unchecked_done:
+        click.echo(
+            f"output {output} is not visible from this host: {report.unchecked_done} done item(s) were not "
+            "checked for missing images (producer verify on a host that sees it checks them)",
+            err=True,
+        )
 
 
 def _check_flags(defaults: RowDefaults) -> None:
@@ -275,7 +283,7 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
     settings = Settings.load(queue=queue, redis_url=redis_url)
     conn = connect(settings.redis_url, retries=0)  # the loop below waits out a Redis restart itself
     started = moved_at = time.monotonic()
-    bar = Progress(f"queue {settings.queue}", None, "img")
+    bar = Progress(f"queue {settings.queue}", None, "img", suffix=" written")
     backoff = poll
     last: tuple[object, ...] = ()
     while True:
@@ -288,8 +296,9 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             backoff = min(backoff * 2, 30.0)
             continue
         bar.update(
-            st.images_written + st.images_in_progress,
+            st.images_written,
             total=st.images_enqueued or None,
+            fraction=st.progress,
             rate=st.images_per_s,
             eta=st.eta_s,
             extra=_wait_extra(st),

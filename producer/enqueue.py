@@ -10,6 +10,7 @@ resumes the campaign and adds nothing twice.
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,11 +23,12 @@ from rq.utils import now
 
 from common.errors import ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
-from common.ledger import DONE, REDO_PREFIX, Ledger
+from common.ledger import DONE, MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger
 from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
-from common.queues import TASK_FUNC, enqueued_key, get_queue, items_key
+from common.queues import TASK_FUNC, enqueued_key, get_queue, images_key, items_key, seen_key
 from common.settings import Settings
 from common.storage import Store, is_url, local_path, problem
+from producer.metadata import recorded_names
 from producer.reader import Row, RowDefaults, RowError, read_rows
 
 BATCH_ITEMS = 2000
@@ -69,6 +71,8 @@ class EnqueueReport:
     known_items: int = 0
     failed_items: int = 0
     missing_images: int = 0
+    #: done items whose images could not be checked (a local output this host cannot see)
+    unchecked_done: int = 0
     jobs: int = 0
     images: int = 0
 
@@ -179,11 +183,26 @@ class Enqueuer:
         #: called with the queue's length while waiting for room (``max_queued``)
         self.on_wait: Callable[[int], None] | None = None
         self.sleep: Callable[[float], None] = time.sleep
-        self._redo: set[str] = set()  # done items whose images are gone: made again
+        self._redo: dict[str, int] = {}  # done items whose images are gone: REMAKE_IMAGES or REMAKE_ALL
         self._store = Store(options.output, options.s3_endpoint_url) if is_url(options.output) else None
         self._output = Path(options.output)
-        self._output_visible = self._store is not None or self._output.is_dir()
+        #: visible: missing images can be checked from here; gone: the whole folder was deleted
+        self.output_visible, self.output_gone = self._visibility(queue_name)
         self._listed: set[str] | None = None  # an object store's image names, listed once when needed
+        self._recorded: set[str] | None = None  # image names with a metadata line, read once when needed
+
+    def _visibility(self, queue_name: str) -> tuple[bool, bool]:
+        """A local folder this host saw before and that is gone now was deleted: every done image
+        in it is missing. One this host never saw may be another host's (a producer beside Redis,
+        workers elsewhere): then only Redis is trusted."""
+        if self._store is not None:
+            return True, False
+        member = f"{socket.gethostname()}\t{self.options.output}"
+        if self._output.is_dir():
+            self.conn.sadd(seen_key(queue_name), member)
+            return True, False
+        gone = bool(self.conn.sismember(seen_key(queue_name), member))
+        return gone, gone
 
     def classify(self, batch: list[tuple[str, Row]]) -> list[tuple[str, Row]]:
         """Return the items of ``batch`` that are neither queued, running, failed nor done.
@@ -208,7 +227,7 @@ class Enqueuer:
             status = statuses.get(_owner(state)) if state is not None and state != DONE.encode() else None
             if state == DONE.encode() and self._images_missing(key, row):
                 self.report.missing_images += 1
-                self._redo.add(key)
+                self._redo[key] = REMAKE_IMAGES if self._lines_there(key, row) else REMAKE_ALL
                 fresh.append((key, row))
             elif state is None or (state != DONE.encode() and status is None):
                 fresh.append((key, row))
@@ -223,13 +242,27 @@ class Enqueuer:
         Checked only where the output folder is visible from here (a producer on another
         host than the workers trusts Redis). On an object store the ``images/`` prefix is listed
         once, at the first done item (1,000 names per request), never one request per image."""
-        if not self._output_visible:
+        if not self.output_visible:
+            self.report.unchecked_done += 1
             return False
+        if self.output_gone:
+            return True
         if self._store is not None:
             if self._listed is None:
                 self._listed = set(self._store.listing(IMAGES_DIR))
             return not all(image_relpath(key, i) in self._listed for i in range(row.item.num_images))
         return not all(image_path(self._output, key, i).exists() for i in range(row.item.num_images))
+
+    def _lines_there(self, key: str, row: Row) -> bool:
+        """Are the item's metadata lines still there? Its images are made again either way; its
+        lines are written again only where they are gone (an object store that lost parts, a
+        deleted folder), never twice. The metadata is read once, at the first such item."""
+        if self.output_gone:
+            return False
+        if self._recorded is None:
+            store = self._store or Store(self.options.output)
+            self._recorded = recorded_names(store)
+        return all(image_relpath(key, i) in self._recorded for i in range(row.item.num_images))
 
     def enqueue(self, path: Path, defaults: RowDefaults, on_row: Callable[[int], None] | None = None) -> EnqueueReport:
         def batches() -> Iterator[list[tuple[str, Row]]]:
@@ -330,9 +363,10 @@ class Enqueuer:
             job_key=job.key,
             queues_key=self.queue.redis_queues_keys,
             enqueued_key=enqueued_key(self.queue.name),
+            images_key=images_key(self.queue.name),
             job_id=jid,
             keys=keys,
-            redo=[key in self._redo for key in keys],
+            redo=[self._redo.get(key, MAKE) for key in keys],
             images=[item.num_images for _, item in keyed],
             job_fields=fields,
         )

@@ -31,14 +31,13 @@ from typing import Any
 from common.errors import ConfigError, DiffqError
 from common.naming import METADATA_FILE, METADATA_PARTS_DIR
 from common.storage import Store, problem
+from producer.metadata import metadata_files, read_lines
 from producer.shards import FORMATS, ShardWriter, group_key
 
 #: lines sorted in memory before a run is spilled to disk (about 60 MB of metadata)
 SORT_BUFFER = 100_000
 #: images read per request batch (concurrent GETs on an object store)
 READ_BATCH = 64
-#: metadata parts read at once from an object store
-PART_BATCH = 64
 MARKERS_DIR = ".diffq-export"
 
 
@@ -83,31 +82,6 @@ class ExportReport:
     kept: int = 0  # shards a previous run had finished
     missing: list[str] = field(default_factory=list)  # lines whose image is gone
     seconds: float = 0.0
-
-
-# -- 1. merge ------------------------------------------------------------------------------
-def metadata_files(store: Store) -> list[str]:
-    files = sorted(r for r in store.listing(METADATA_PARTS_DIR) if r.endswith(".jsonl"))
-    if store.exists(METADATA_FILE):
-        files.insert(0, METADATA_FILE)
-    return files
-
-
-def read_lines(store: Store, files: list[str]) -> Iterator[str]:
-    """Every metadata line of ``files``: the big local file streamed, small parts fetched a
-    batch at a time."""
-    parts: list[str] = []
-    for rel in files:
-        if rel == METADATA_FILE:
-            with store.fs.open(store.path(rel), "rb") as handle:
-                for raw in handle:
-                    yield raw.decode("utf-8", errors="replace")
-        else:
-            parts.append(rel)
-    for start in range(0, len(parts), PART_BATCH):
-        got = store.read_many(parts[start : start + PART_BATCH])
-        for rel in parts[start : start + PART_BATCH]:
-            yield from got.get(rel, b"").decode("utf-8", errors="replace").splitlines()
 
 
 # -- 2. sort -------------------------------------------------------------------------------

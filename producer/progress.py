@@ -27,8 +27,11 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, label: str, total: int | None, unit: str, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, label: str, total: int | None, unit: str, stream: TextIO | None = None, suffix: str = ""
+    ) -> None:
         self.label = label
+        self.suffix = suffix  # after the count: "img written"
         self.total = total
         self.unit = unit
         self.stream = stream or sys.stderr
@@ -39,6 +42,7 @@ class Progress:
         self._interval = 0.2 if self._tty else 5.0
         self._rate: float | None = None
         self._eta: float | None = None
+        self._fraction: float | None = None
 
     def update(
         self,
@@ -48,13 +52,16 @@ class Progress:
         *,
         rate: float | None = None,
         eta: float | None = None,
+        fraction: float | None = None,
     ) -> None:
         """``rate`` and ``eta`` when the caller knows better than "done since I started" (a
-        campaign that was half done when ``producer wait`` started)."""
+        campaign that was half done when ``producer wait`` started). ``fraction``: how far the
+        work is, when that is more than ``done`` says (running jobs' steps): the count shown
+        stays ``done``, the only number that means "this many exist"."""
         self.done = done
         if total is not None:
             self.total = total
-        self._rate, self._eta = rate, eta
+        self._rate, self._eta, self._fraction = rate, eta, fraction
         now = time.monotonic()
         if now - self._last_draw >= self._interval:
             self._last_draw = now
@@ -74,17 +81,17 @@ class Progress:
         rate = self._rate if self._rate is not None else (self.done / elapsed if elapsed > 0 else 0.0)
         digits = 2 if rate < 10 else 1
         if self.total:
-            pct = 100.0 * min(self.done, self.total) / self.total
+            pct = 100.0 * (min(self.done, self.total) / self.total if self._fraction is None else self._fraction)
             eta = self._eta
             if eta is None and rate > 0:
                 eta = (self.total - self.done) / rate
             eta_text = format_duration(eta) if eta is not None else "?"
             text = (
-                f"{self.label}: {self.done:.0f}/{self.total} {self.unit} ({pct:5.1f}%) "
+                f"{self.label}: {self.done:.0f}/{self.total} {self.unit}{self.suffix} ({pct:5.1f}%) "
                 f"{rate:.{digits}f} {self.unit}/s, ETA {eta_text}"
             )
         else:
-            text = f"{self.label}: {self.done:.0f} {self.unit}, {rate:.{digits}f} {self.unit}/s"
+            text = f"{self.label}: {self.done:.0f} {self.unit}{self.suffix}, {rate:.{digits}f} {self.unit}/s"
         return f"{text} {extra}".rstrip()
 
     def _draw(self, extra: str) -> None:

@@ -112,6 +112,15 @@ class QueueStatus:
         return sum(r.fraction * r.images for r in self.running_jobs if r.images_done < r.images)
 
     @property
+    def progress(self) -> float | None:
+        """How far the campaign is, 0 to 1: images written, plus the running jobs' steps; never
+        1 while a job is left. None before anything was enqueued."""
+        if not self.images_enqueued:
+            return None
+        done = min(1.0, (self.images_written + self.images_in_progress) / self.images_enqueued)
+        return min(done, 0.999) if self.pending else done
+
+    @property
     def images_left(self) -> float:
         return float(max(0.0, self.images_enqueued - self.images_written - self.images_in_progress))
 
@@ -137,6 +146,7 @@ class QueueStatus:
                 "enqueued": self.images_enqueued,
                 "written": self.images_written,
                 "in_progress": round(self.images_in_progress, 2),
+                "progress": None if self.progress is None else round(self.progress, 4),
                 "left": round(self.images_left, 2),
             },
             "rate": {"images_per_s": round(self.images_per_s, 4), "jobs_per_s": round(self.jobs_per_s, 4)},
@@ -277,7 +287,8 @@ def render(status: QueueStatus, redis_label: str) -> str:
     if status.failed:
         lines.append("    (producer retry-failed re-queues the retryable ones; fix the permanent ones first)")
     total = f" of {status.images_enqueued}" if status.images_enqueued else ""
-    lines.append(f"  images    {status.images_written}{total} written")
+    progress = f" ({100 * status.progress:.1f}% done, running jobs' steps included)" if status.progress else ""
+    lines.append(f"  images    {status.images_written}{total} written{progress if status.pending else ''}")
     if status.stalled:
         lines.append(f"  rate      - ({status.stalled})")
     elif status.images_per_s:

@@ -6,7 +6,10 @@ the two places before the real CLI runs, so the worker under test is otherwise t
 
 - ``HELD_LOAD=<file>``: the first model load waits until ``<file>`` exists (a slow download).
 - ``HELD_WRITER=<file>``: each job's tail waits until ``<file>`` exists (a stalled disk).
-- ``HELD_STATE=<file>``: written (``loading`` / ``writing``) when the worker reaches the hold.
+- ``HELD_RECORD=<file>``: each job's record step (metadata lines, ledger) waits until ``<file>``
+  exists, after its images are written (a disk that fills up in between).
+- ``HELD_STATE=<file>``: written (``loading`` / ``writing`` / ``recording``) when the worker
+  reaches the hold.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ def hold(flag: str, state: str) -> None:
 
 def install() -> None:
     load_flag, writer_flag = os.environ.get("HELD_LOAD"), os.environ.get("HELD_WRITER")
+    record_flag = os.environ.get("HELD_RECORD")
+    if record_flag:
+        import worker.serving.task as task
+
+        real_record = task._record
+
+        def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+            hold(record_flag, "recording")
+            return real_record(*args, **kwargs)
+
+        task._record = record  # type: ignore[assignment]
     if load_flag:
         from worker.pipelines.cache import PipelineCache
 

@@ -55,11 +55,16 @@ def test_status_and_wait_show_the_whole_campaign_with_the_running_jobs_steps(env
         assert data["rate"]["images_per_s"] > 0  # right after the first job, not only after two
         assert data["running"][0]["step"] >= 2 and data["eta_s"] > 0
         text = producer("status").output
-        assert "images    1 of 4 written" in text and "step " in text
+        assert re.search(r"images    1 of 4 written \((2[5-9]|[3-9]\d)\.\d% done", text) and "step " in text, text
         assert re.search(r"ETA \d+(s|m\d\ds|h\d\dm)\n", text), text
         waited = producer("wait", "--stall-timeout", "300")
         assert waited.exit_code == 0, waited.output
-        assert "4/4 img (100.0%)" in waited.output and "img/s" in waited.output and "jobs/s" in waited.output
+        assert "4/4 img written (100.0%)" in waited.output and "img/s" in waited.output, waited.output
+        assert "jobs/s" in waited.output
+        for line in waited.output.splitlines():  # a running job's steps are progress, never images
+            if " 1 running" in line:
+                written = re.search(r"(\d+)/4 img written \(\s*([\d.]+)%\)", line)
+                assert written and int(written[1]) < 4 and float(written[2]) < 100, line
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(300)

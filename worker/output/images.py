@@ -3,7 +3,8 @@
 An image is written to a temporary name in the output's ``.diffq-tmp`` folder, flushed, then
 renamed into place: readers see either nothing or the whole PNG. ``metadata.jsonl`` gets one line per image, appended
 under an exclusive ``flock`` so several workers on one machine (or one NFS export with lock
-support) never interleave lines.
+support) never interleave lines, and an append that fails (a full disk) is cut back: the file
+never holds a partial line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
@@ -78,10 +79,9 @@ def temp_dir(output: Path) -> Path:
 
 def write_atomic(path: Path, data: bytes, temps: Path) -> None:
     """Write to ``<temps>/<name>.<host>.<pid>.tmp``, fsync, rename to ``path``: a reader sees all or nothing."""
-    temps.mkdir(exist_ok=True)
     tmp = temps / f"{path.name}.{_host()}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as handle:
+        with _create(tmp) as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -89,6 +89,26 @@ def write_atomic(path: Path, data: bytes, temps: Path) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _create(tmp: Path) -> BinaryIO:
+    """Open ``tmp`` for writing, making its folder; another writer may remove the folder when
+    it finds it empty (:func:`drop_temp_dir`) between our mkdir and our open: then again."""
+    for attempt in range(5):
+        tmp.parent.mkdir(exist_ok=True)
+        try:
+            return open(tmp, "wb")
+        except FileNotFoundError:
+            if attempt == 4 or not tmp.parent.parent.is_dir():
+                raise
+    raise AssertionError("unreachable")
+
+
+def drop_temp_dir(output: Path) -> None:
+    """Remove the output's temp folder when no writer has a file in it: a finished dataset
+    holds images and metadata, nothing else."""
+    with suppress(OSError):
+        temp_dir(output).rmdir()
 
 
 def prepare_output(output: str | Path, allowed_root: str = "") -> Path:
@@ -166,21 +186,33 @@ def remove_stale_temps(path: Path, temps: Path) -> int:
 
 
 class MetadataLog:
-    """``metadata.jsonl`` held under an exclusive ``flock`` (see :func:`locked_metadata`)."""
+    """``metadata.jsonl`` held under an exclusive ``flock`` (see :func:`locked_metadata`).
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    Written with ``pwrite`` on the raw descriptor: no Python buffer that could be flushed (and
+    fail) at close, after the error was handled. An append is all or nothing: on any error the
+    file is cut back to its size before the append, so a full disk never leaves a partial line.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
 
     @property
     def size(self) -> int:
-        return os.fstat(self.handle.fileno()).st_size
+        return os.fstat(self.fd).st_size
+
+    def lines_from(self, offset: int) -> Iterator[bytes]:
+        """Whole lines from byte ``offset`` on; a torn last line is not a line."""
+        rest = b""
+        while block := os.pread(self.fd, 1 << 20, offset):
+            offset += len(block)
+            *lines, rest = (rest + block).split(b"\n")
+            yield from lines
 
     def files_from(self, offset: int, files: set[str]) -> set[str]:
         """Which of ``files`` have a line at or after byte ``offset`` (where an earlier execution
-        of the same items was about to append). A torn last line is not a record."""
+        of the same items was about to append)."""
         found: set[str] = set()
-        self.handle.seek(offset)
-        for raw in self.handle:
+        for raw in self.lines_from(offset):
             try:
                 record = json.loads(raw)
                 name = record.get("file_name", record.get("file"))  # "file" before 2026-11
@@ -190,39 +222,71 @@ class MetadataLog:
                 found.add(name)
         return found
 
+    def cut_torn_tail(self) -> int:
+        """Remove a last line without its newline (a writer killed mid-write: we hold the lock, so
+        no live writer is writing it). Returns the bytes removed."""
+        end = self.size
+        if not end or os.pread(self.fd, 1, end - 1) == b"\n":
+            return 0
+        start = max(0, end - (1 << 20))
+        while True:
+            block = os.pread(self.fd, end - start, start)
+            cut = block.rfind(b"\n")
+            if cut >= 0 or start == 0:
+                keep = start + cut + 1 if cut >= 0 else 0
+                break
+            start = max(0, start - (1 << 20))
+        os.ftruncate(self.fd, keep)
+        return end - keep
+
     def append(self, records: list[dict[str, Any]]) -> None:
         if not records:
             return
-        text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
-        end = self.handle.seek(0, os.SEEK_END)
-        if end:
-            self.handle.seek(end - 1)
-            if self.handle.read(1) != b"\n":
-                text = "\n" + text  # end a line torn by a writer that was killed mid-write
-        self.handle.seek(0, os.SEEK_END)
-        self.handle.write(text.encode("utf-8"))
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        data = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records).encode("utf-8")
+        end = self.size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.pwrite(self.fd, view, end + len(data) - len(view)) :]
+            os.fsync(self.fd)
+        except BaseException:
+            with suppress(OSError):
+                os.ftruncate(self.fd, end)  # never a partial line, whatever stopped the write
+                os.fsync(self.fd)
+            raise
 
 
 @contextmanager
 def locked_metadata(output: Path) -> Iterator[MetadataLog]:
     """``metadata.jsonl`` under an exclusive ``flock``, so several workers on one machine (or one
     NFS export with lock support) never interleave lines, and a job's ledger check, its lines and
-    its ledger commit happen as one step (see :mod:`common.ledger`)."""
+    its ledger commit happen as one step (see :mod:`common.ledger`).
+
+    ``producer verify --repair`` replaces the file by a rename while holding the lock: a writer
+    that opened the old file and then got the lock reopens the new one."""
+    path = output / METADATA_FILE
     try:
-        handle = open(output / METADATA_FILE, "a+b")  # noqa: SIM115 - closed below, after the unlock
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass  # renamed away between the open and the stat: open again
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
     except OSError as exc:
         raise unavailable(output, exc) from None
     try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield MetadataLog(handle)
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        log = MetadataLog(fd)
+        log.cut_torn_tail()
+        yield log
     except OSError as exc:
         if exc.errno in ENVIRONMENT_ERRNOS:
             raise unavailable(output, exc) from None
         raise
     finally:
-        handle.close()
+        os.close(fd)  # closing drops the lock; nothing is buffered, so nothing can fail here

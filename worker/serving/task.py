@@ -37,6 +37,7 @@ from worker.faults import block_in_c, fail_early_attempts, hold_writer, install_
 from worker.output.images import (
     ENVIRONMENT_ERRNOS,
     check_space,
+    drop_temp_dir,
     locked_metadata,
     png_bytes,
     prepare_output,
@@ -325,6 +326,8 @@ def _save(
             if exc.errno in ENVIRONMENT_ERRNOS:
                 raise unavailable(output, exc) from None
             raise
+        finally:
+            drop_temp_dir(output)
     timings["save_s"] = time.perf_counter() - started
     per_image = {k: round(v / len(records), 4) for k, v in timings.items()}
     for record in records:
