@@ -23,9 +23,9 @@ from rq.serializers import JSONSerializer
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
 from common.presets import MODEL_PRESETS, check_adapter, check_model
-from common.queues import checked_key, connect, get_queue
+from common.queues import checked_key, connect, get_queue, images_key
 from common.settings import Settings, redact
-from common.storage import Store, is_url, local_path
+from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
 from producer.export import SORT_BUFFER, ExportOptions, describe
 from producer.export import export as export_shards
@@ -212,6 +212,59 @@ def _check_flags(defaults: RowDefaults) -> None:
     except InvalidJobSpec as exc:
         flag = str(exc).split(" ", 1)[0].replace("_", "-")
         raise ConfigError(f"--{flag}: {exc}") from None
+
+
+@main.command(short_help="Check an output against its queue's ledger; --repair makes them agree.")
+@click.argument("output")
+@queue_options
+@click.option("--repair", is_flag=True, help="Rebuild missing lines from the images, queue again what has no "
+              "image, remove fragments and repeated lines.")  # fmt: skip
+@click.option("--deep", is_flag=True, help="Decode every image (slow) instead of checking its PNG ends.")
+@user_errors
+def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, deep: bool) -> None:
+    """Does OUTPUT (a folder or s3:// prefix) hold exactly what queue's ledger says is done?
+
+    Every done item has its image(s), each whole, and exactly one metadata line each; every line
+    names an image that is there; nothing belongs to an item the queue does not know. Items
+    still queued or running are in flight. Exit 0 only when clean (after --repair: when every
+    problem was repaired)."""
+    from producer.verify import describe as describe_check
+    from producer.verify import repair as apply_repairs
+    from producer.verify import verify as check
+
+    settings = Settings.load(queue=queue, redis_url=redis_url)
+    store = Store(output.rstrip("/") if is_url(output) else str(local_path(output)), settings.s3_endpoint_url)
+    if not store.remote and not Path(store.location).is_dir():
+        raise ConfigError(f"{output}: no such folder (a folder deleted whole: producer enqueue makes it again)")
+    conn = connect(settings.redis_url)
+    bar = Progress(f"verify {output}", 256, "folders")
+    try:
+        report = check(store, conn, settings.queue, deep=deep, on_bucket=bar.update)
+    except DiffqError:
+        raise
+    except Exception as exc:
+        line = problem(exc, store.location, settings.s3_endpoint_url)
+        if line is None:
+            raise
+        raise ConfigError(line) from None
+    bar.close()
+    click.echo("\n".join(describe_check(report, output, settings.queue)))
+    if report.clean:
+        click.echo("clean: the output equals the ledger")
+        return
+    if not repair:
+        click.echo("producer verify --repair fixes what can be fixed", err=True)
+        sys.exit(1)
+    enqueuer = Enqueuer(conn, settings.queue, EnqueueOptions.from_settings(settings, store.location))
+    apply_repairs(store, report, enqueuer.requeue)
+    if report.problems.counts["count"] and collect(conn, settings.queue, details=False).pending == 0:
+        conn.set(images_key(settings.queue), report.images)
+        report.repaired.append(f"images counter set to the {report.images} image(s) on disk")
+    click.echo("repaired: " + "; ".join(report.repaired or ["nothing"]))
+    left = report.repairs.unrepairable + report.problems.counts["unknown"]
+    if left:
+        click.echo(f"{left} problem(s) cannot be repaired from here: see above", err=True)
+        sys.exit(1)
 
 
 @main.command(short_help="Write an output (folder or s3:// URL) as WebDataset, Parquet or imagefolder shards.")

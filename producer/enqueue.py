@@ -264,6 +264,18 @@ class Enqueuer:
             self._recorded = recorded_names(store)
         return all(image_relpath(key, i) in self._recorded for i in range(row.item.num_images))
 
+    def requeue(self, items: list[tuple[GenParams, str, PromptItem]]) -> int:
+        """Queue done items again to remake their images and lines (``producer verify --repair``
+        drops their lines first); CLAIM takes them off the count. Returns the items queued."""
+        before = self.report.new_items
+        chunks: dict[GenParams, list[tuple[str, PromptItem]]] = {}
+        for params, key, item in items:
+            self._redo[key] = REMAKE_ALL
+            chunks.setdefault(params, []).append((key, item))
+        size = self.options.chunk_size
+        self._queue([(p, keyed[i : i + size]) for p, keyed in chunks.items() for i in range(0, len(keyed), size)])
+        return self.report.new_items - before
+
     def enqueue(self, path: Path, defaults: RowDefaults, on_row: Callable[[int], None] | None = None) -> EnqueueReport:
         def batches() -> Iterator[list[tuple[str, Row]]]:
             batch: list[tuple[str, Row]] = []

@@ -99,6 +99,7 @@ def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[
         "file_name": image_relpath(key, index),  # what Hugging Face imagefolder reads
         "key": key,
         "index": index,
+        "num_images": item.num_images,  # with the rest, what rebuilds the item's key (producer verify)
         "id": item.id,
         "prompt": item.prompt,
         "negative_prompt": item.negative_prompt,

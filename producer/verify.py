@@ -1,0 +1,414 @@
+"""``producer verify``: does the output (a folder or a bucket) hold exactly what the ledger says?
+
+Every done item has its image(s), each whole, and exactly one metadata line per image; every
+line names an image that is there; no image or line belongs to an item the queue does not know.
+``--repair`` makes it so: a line missing for an image is rebuilt from the image's own ``diffq``
+PNG chunk; an item with an image missing or broken is queued again (its lines dropped, the
+worker writes them anew, and the count drops until it does); fragments and repeated lines are
+removed. Items still queued or running are in flight, not problems.
+
+It streams, for 10^7 images: one pass spills the ledger (HSCAN) and the metadata's image names
+into 256 bucket files by the names' two-hex-digit folder, then each bucket is checked with its
+own folder listing, so memory holds 1/256 of the dataset. It changes nothing until every
+bucket is checked, and each repair step is idempotent: a repair that was stopped is finished by
+running it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import redis
+from PIL import Image
+
+from common.jobspec import GenParams, PromptItem
+from common.ledger import DONE
+from common.metadata_log import open_locked
+from common.naming import IMAGES_DIR, METADATA_FILE, METADATA_PARTS_DIR, item_key
+from common.queues import images_key, items_key
+from common.storage import Store
+from producer.metadata import metadata_files, parse, read
+
+NAME = re.compile(r"images/([0-9a-f]{2})/([0-9a-f]{24})-(\d+)\.png")
+PNG_HEAD = b"\x89PNG\r\n\x1a\n"
+PNG_TAIL = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+BUCKETS = [f"{i:02x}" for i in range(256)]
+#: what each kind of problem is called in the report
+KINDS = {
+    "fragment": "metadata line(s) that are not a whole record",
+    "repeated": "metadata line(s) repeating an image's line",
+    "no_line": "image(s) of done items with no metadata line",
+    "no_image": "image(s) of done items missing (or not whole) on disk",
+    "lost": "done item(s) with neither image nor line: producer enqueue of their prompts file makes them again",
+    "unknown": "image(s) or line(s) of items this queue's ledger does not have (another queue's?)",
+    "count": "images counted as written that are not on disk",
+}
+
+
+@dataclass
+class Problems:
+    counts: Counter[str] = field(default_factory=Counter)
+    first: dict[str, str] = field(default_factory=dict)
+
+    def add(self, kind: str, example: str, n: int = 1) -> None:
+        self.counts[kind] += n
+        self.first.setdefault(kind, example)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass
+class Repairs:
+    drop: dict[str, set[int]] = field(default_factory=dict)  # metadata file → positions of lines to remove
+    lines_from_images: list[str] = field(default_factory=list)  # images whose line comes from their chunk
+    delete: list[str] = field(default_factory=list)  # images that are not whole
+    requeue: dict[str, tuple[str, int]] = field(default_factory=dict)  # item key → where a record of it is
+    unrepairable: int = 0
+
+    def drop_line(self, source: str, position: int) -> None:
+        self.drop.setdefault(source, set()).add(position)
+
+
+@dataclass
+class VerifyReport:
+    done_items: int = 0
+    images: int = 0  # whole images of done items
+    lines: int = 0
+    in_flight: int = 0  # items queued or running now
+    counted: int = 0  # the ledger's images-written counter
+    seconds: float = 0.0
+    problems: Problems = field(default_factory=Problems)
+    repairs: Repairs = field(default_factory=Repairs)
+    repaired: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.problems.total == 0
+
+
+def verify(
+    store: Store,
+    conn: redis.Redis,
+    queue: str,
+    *,
+    deep: bool = False,
+    on_bucket: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Check ``store`` against ``queue``'s ledger; plan the repairs (applied by :func:`repair`)."""
+    report = VerifyReport()
+    started = time.perf_counter()
+    report.counted = int(conn.get(images_key(queue)) or 0)
+    with tempfile.TemporaryDirectory(prefix="diffq-verify-") as tmp:
+        spill = Spill(Path(tmp))
+        try:
+            for key, state in conn.hscan_iter(items_key(queue), count=10_000):
+                spill.write("ledger", key[:2].decode(), key + b" " + state + b"\n")
+            for line in read(store, metadata_files(store)):
+                name = line.file_name
+                match = NAME.fullmatch(name) if name else None
+                if match is None:
+                    report.problems.add("fragment", f"{line.source}: {line.text[:60]}")
+                    report.repairs.drop_line(line.source, line.position)
+                    continue
+                report.lines += 1
+                n = line.record.get("num_images", "") if line.record else ""
+                text = f"{name}\t{line.source}\t{line.position}\t{n}\n"
+                spill.write("lines", match[1], text.encode())
+        finally:
+            spill.close()
+        for i, bucket in enumerate(BUCKETS):
+            _check_bucket(store, spill, bucket, report, deep)
+            if on_bucket:
+                on_bucket(i + 1)
+    whole = report.images
+    if report.counted > whole and not report.problems.counts["no_image"] and not report.problems.counts["lost"]:
+        report.problems.add("count", f"{report.counted} counted, {whole} on disk", report.counted - whole)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+class Spill:
+    """256 bucket files per kind, appended during the scan and read back one bucket at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.handles: dict[tuple[str, str], Any] = {}
+
+    def write(self, kind: str, bucket: str, data: bytes) -> None:
+        handle = self.handles.get((kind, bucket))
+        if handle is None:
+            (self.folder / kind).mkdir(exist_ok=True)
+            handle = self.handles[(kind, bucket)] = open(self.folder / kind / bucket, "ab")  # noqa: SIM115
+        handle.write(data)
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            handle.close()
+
+    def lines(self, kind: str, bucket: str) -> Iterator[str]:
+        path = self.folder / kind / bucket
+        if path.exists():
+            with open(path, encoding="utf-8") as handle:
+                yield from (line.rstrip("\n") for line in handle)
+
+
+def _listing(store: Store, bucket: str, deep: bool) -> dict[str, bool]:
+    """The images in one bucket folder, and whether each is whole: a PNG's signature and its
+    IEND trailer on a local folder (a cut file fails), a full decode with ``deep``; on an
+    object store, which has no partial objects, a size that can hold a PNG."""
+    folder = f"{IMAGES_DIR}/{bucket}"
+    found: dict[str, bool] = {}
+    if not store.remote:
+        try:
+            entries = list(os.scandir(store.path(folder)))
+        except FileNotFoundError:
+            return found
+        for entry in entries:
+            if entry.name.endswith(".png") and not entry.name.startswith("."):
+                found[f"{folder}/{entry.name}"] = _whole(entry.path, deep)
+        return found
+    base = store.path(folder)
+    if not store.fs.exists(base):
+        return found
+    cut = len(store.root) + 1
+    for path, info in store.fs.find(base, detail=True).items():
+        rel = path[cut:]
+        if rel.endswith(".png"):
+            found[rel] = int(info.get("size") or 0) > len(PNG_HEAD) + len(PNG_TAIL)
+    if deep:
+        for rel, blob in store.read_many([r for r, ok in found.items() if ok], missing_ok=True).items():
+            found[rel] = _decodes(blob)
+    return found
+
+
+def _whole(path: str, deep: bool) -> bool:
+    try:
+        if deep:
+            with open(path, "rb") as handle:
+                return _decodes(handle.read())
+        with open(path, "rb") as handle:
+            if handle.read(8) != PNG_HEAD:
+                return False
+            handle.seek(-12, os.SEEK_END)
+            return handle.read(12) == PNG_TAIL
+    except OSError:
+        return False
+
+
+def _decodes(blob: bytes) -> bool:
+    try:
+        with Image.open(BytesIO(blob)) as image:
+            image.load()
+        return True
+    except Exception:
+        return False
+
+
+def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport, deep: bool) -> None:
+    ledger = dict(line.split(" ", 1) for line in spill.lines("ledger", bucket))
+    files = _listing(store, bucket, deep)
+    lines: dict[str, dict[int, list[tuple[str, int]]]] = {}
+    sizes: dict[str, int] = {}
+    for text in spill.lines("lines", bucket):
+        name, source, position, n = text.split("\t")
+        key, index = name[10:34], int(name[35:-4])
+        lines.setdefault(key, {}).setdefault(index, []).append((source, int(position)))
+        if n:
+            sizes[key] = int(n)
+    by_key: dict[str, dict[int, bool]] = {}
+    for name, whole in files.items():
+        match = NAME.fullmatch(name)
+        if match:
+            by_key.setdefault(match[2], {})[int(match[3])] = whole
+    problems, repairs = report.problems, report.repairs
+    for key in set(lines) | set(by_key) | set(ledger):
+        state = ledger.get(key)
+        item_lines, item_files = lines.get(key, {}), by_key.get(key, {})
+        example = f"{IMAGES_DIR}/{key[:2]}/{key}-{min([*item_lines, *item_files], default=0)}.png"
+        if state is None:
+            problems.add("unknown", example, len(set(item_lines) | set(item_files)))
+            continue
+        if state != DONE:
+            report.in_flight += 1
+            continue
+        report.done_items += 1
+        if not item_lines and not item_files:
+            problems.add("lost", f"item {key}")
+            repairs.unrepairable += 1
+            continue
+        count = sizes.get(key) or max([*item_lines, *item_files]) + 1
+        missing = [i for i in range(count) if not item_files.get(i)]
+        for index, places in item_lines.items():
+            for source, position in places[1:]:
+                problems.add("repeated", f"{source}: {key}-{index}")
+                repairs.drop_line(source, position)
+        if missing:  # made again whole: its lines go, the worker writes them anew
+            problems.add("no_image", f"{IMAGES_DIR}/{key[:2]}/{key}-{missing[0]}.png", len(missing))
+            repairs.delete += [f"{IMAGES_DIR}/{key[:2]}/{key}-{i}.png" for i, ok in item_files.items() if not ok]
+            for places in item_lines.values():
+                for source, position in places[:1]:
+                    repairs.drop_line(source, position)
+            if item_lines:
+                repairs.requeue[key] = next(iter(item_lines.values()))[0]
+            else:
+                good = min(i for i, ok in item_files.items() if ok) if any(item_files.values()) else None
+                if good is None:
+                    repairs.unrepairable += 1
+                else:
+                    repairs.requeue[key] = (f"{IMAGES_DIR}/{key[:2]}/{key}-{good}.png", -1)
+            continue
+        report.images += count
+        for index in range(count):
+            if index not in item_lines:
+                problems.add("no_line", f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png")
+                repairs.lines_from_images.append(f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png")
+
+
+# -- repair -------------------------------------------------------------------------------
+def chunk_record(blob: bytes) -> dict[str, Any] | None:
+    """The metadata line an image was written with: its ``diffq`` PNG chunk."""
+    try:
+        with Image.open(BytesIO(blob)) as image:
+            text = image.info.get("diffq")
+    except Exception:
+        return None
+    record = parse(text) if isinstance(text, str) else None
+    return record if record and isinstance(record.get("file_name"), str) else None
+
+
+def _record_at(store: Store, source: str, position: int) -> dict[str, Any] | None:
+    if position < 0:  # an image: its chunk
+        return chunk_record(store.read(source))
+    if source == METADATA_FILE:
+        with store.fs.open(store.path(source), "rb") as handle:
+            handle.seek(position)
+            return parse(handle.readline().decode("utf-8", errors="replace"))
+    text = store.read(source).decode("utf-8", errors="replace").split("\n")
+    return parse(text[position]) if position < len(text) else None
+
+
+def item_of(record: dict[str, Any]) -> tuple[GenParams, PromptItem] | None:
+    """The params and row a record was made from, with the row's ``num_images`` found again
+    (older records do not carry it: it is the one that gives the record's own key)."""
+    try:
+        params = GenParams(
+            model=record["model"],
+            width=int(record["width"]),
+            height=int(record["height"]),
+            steps=int(record["steps"]),
+            guidance=float(record["guidance"]),
+            adapter=record.get("adapter"),
+            adapter_scale=float(record["adapter_scale"]) if record.get("adapter") else 1.0,
+        )
+        counts = [int(record["num_images"])] if record.get("num_images") else range(int(record["index"]) + 1, 65)
+        for n in counts:
+            item = PromptItem(
+                prompt=record["prompt"],
+                negative_prompt=record.get("negative_prompt") or "",
+                seed=int(record["seed"]) - int(record["index"]),
+                num_images=n,
+                id=record.get("id"),
+            )
+            if item_key(params, item) == record["key"]:
+                return params, item
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+Requeue = Callable[[list[tuple[GenParams, str, PromptItem]]], int]
+
+
+def repair(store: Store, report: VerifyReport, requeue: Requeue) -> None:
+    """Apply ``report``'s repairs: queue again first (so a stop half-way leaves items in flight,
+    not lost), then rewrite the metadata, then delete images that are not whole."""
+    fixes = report.repairs
+    items: list[tuple[GenParams, str, PromptItem]] = []
+    for key, (source, position) in fixes.requeue.items():
+        record = _record_at(store, source, position)
+        found = item_of(record) if record else None
+        if found is None:
+            fixes.unrepairable += 1
+            continue
+        items.append((found[0], key, found[1]))
+    queued = requeue(items) if items else 0
+    if queued:
+        report.repaired.append(f"{queued} item(s) queued again to remake their images")
+    added = []
+    for rel in fixes.lines_from_images:
+        record = chunk_record(store.read(rel))
+        if record is None:
+            fixes.unrepairable += 1
+            continue
+        added.append(record)
+    dropped = sum(len(p) for p in fixes.drop.values())
+    if store.remote:
+        _rewrite_parts(store, fixes.drop, added)
+    else:
+        _rewrite_file(Path(store.root), fixes.drop.get(METADATA_FILE, set()), added)
+    if added:
+        report.repaired.append(f"{len(added)} metadata line(s) rebuilt from their images")
+    if dropped:
+        report.repaired.append(f"{dropped} metadata line(s) removed")
+    for rel in fixes.delete:
+        store.delete(rel)
+    if fixes.delete:
+        report.repaired.append(f"{len(fixes.delete)} image(s) that were not whole deleted")
+
+
+def _rewrite_file(output: Path, drop: set[int], added: list[dict[str, Any]]) -> None:
+    """``metadata.jsonl`` without the dropped lines and with the added ones, swapped in by a
+    rename under the writers' lock (a writer waiting on the old file reopens the new one)."""
+    if not drop and not added:
+        return
+    with open_locked(output / METADATA_FILE) as meta:
+        if not drop:
+            meta.append(added)
+            return
+        tmp = output / f".{METADATA_FILE}.repair.tmp"
+        with open(tmp, "wb") as out:
+            offset = 0
+            for raw in meta.lines_from(0):
+                if offset not in drop and raw.strip():
+                    out.write(raw + b"\n")
+                offset += len(raw) + 1
+            out.writelines(json.dumps(r, ensure_ascii=False, sort_keys=True).encode() + b"\n" for r in added)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, output / METADATA_FILE)
+
+
+def _rewrite_parts(store: Store, drop: dict[str, set[int]], added: list[dict[str, Any]]) -> None:
+    for part, numbers in drop.items():
+        lines = store.read(part).decode("utf-8", errors="replace").split("\n")
+        kept = [line for i, line in enumerate(lines) if i not in numbers and line.strip()]
+        if kept:
+            store.put(part, ("\n".join(kept) + "\n").encode())
+        else:
+            store.delete(part)
+    if added:
+        name = f"{METADATA_PARTS_DIR}/repair-{time.time_ns()}.jsonl"
+        store.put(name, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in added).encode())
+
+
+def describe(report: VerifyReport, location: str, queue: str) -> list[str]:
+    rate = report.done_items / report.seconds if report.seconds else 0.0
+    lines = [
+        f"verified {location} against queue {queue!r}: {report.done_items} done item(s), {report.images} image(s), "
+        f"{report.lines} metadata line(s), {report.in_flight} in flight; {report.seconds:.1f}s, {rate:,.0f} items/s"
+    ]
+    for kind, n in report.problems.counts.most_common():
+        lines.append(f"  {n} {KINDS[kind]} (first: {report.problems.first[kind]})")
+    return lines
