@@ -14,6 +14,7 @@ object.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -163,6 +164,21 @@ class Store:
 
     def delete(self, rel: str) -> None:
         self.fs.rm_file(self.path(rel))
+        if not self.remote:  # a folder left empty under the root is not part of anything
+            folder = os.path.dirname(rel)
+            while folder:
+                try:
+                    os.rmdir(self.path(folder))
+                except OSError:
+                    break
+                folder = os.path.dirname(folder)
+
+    def remove_tree(self, rel: str) -> None:
+        """Everything under ``rel``, if anything."""
+        if not self.remote:
+            shutil.rmtree(self.path(rel), ignore_errors=True)
+        elif self.fs.exists(self.path(rel)):
+            self.fs.rm(self.path(rel), recursive=True)
 
     def probe(self) -> None:
         """Write and delete one small object: proves the bucket exists, the credentials may

@@ -276,15 +276,21 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
               "(seeds, adapters, models side by side): preference data.")  # fmt: skip
 @click.option("--sort-buffer", type=int, default=SORT_BUFFER, show_default=True,
               help="Metadata lines sorted in memory; more spill to TMPDIR (about the metadata's size).")  # fmt: skip
+@click.option("--overwrite", is_flag=True, help="Replace what --to holds (another export, other files).")
+@click.option("--queue", help="Record this queue's counts in the manifest and compare [env DIFFQ_QUEUE].")
+@click.option("--redis-url", help="Redis of --queue [env REDIS_URL].")
 @user_errors
-def export(source: str, fmt: str, dest: str, shard_size: int, group_by: str | None, sort_buffer: int) -> None:
+def export(source: str, fmt: str, dest: str, shard_size: int, group_by: str | None, sort_buffer: int,
+           overwrite: bool, queue: str | None, redis_url: str | None) -> None:  # fmt: skip
     """Export SOURCE, a diffq output folder or bucket prefix, to dataset shards under --to.
 
     One sample per image (or per prompt with --group-by prompt), sorted, so the same output
-    gives the same shards. Run it again after a crash: finished shards are kept, only the rest
-    is written. Images are read 64 at a time; memory stays flat whatever the dataset's size.
+    gives the same shards. --to must be empty, hold an unfinished export (run it again after a
+    crash: finished shards are kept), or --overwrite replaces what is there; the same export
+    again writes nothing. A manifest, diffq-export.json, is written last. Images are read 64 at
+    a time; memory stays flat whatever the dataset's size.
     """
-    settings = Settings.load()
+    settings = Settings.load(queue=queue, redis_url=redis_url)
     options = ExportOptions(format=fmt, shard_size=shard_size, group_by=group_by, sort_buffer=sort_buffer).validate()
     src = Store(source.rstrip("/") if is_url(source) else str(local_path(source)), settings.s3_endpoint_url)
     if not src.remote and not Path(src.location).is_dir():
@@ -296,7 +302,14 @@ def export(source: str, fmt: str, dest: str, shard_size: int, group_by: str | No
     def start(total: int) -> None:
         bars.append(Progress("export", total, "samples"))
 
-    report = export_shards(src, out, options, on_start=start, on_sample=lambda n: bars[0].advance(n))
+    ledger = None
+    if queue:
+        st = collect(connect(settings.redis_url), settings.queue, details=False)
+        ledger = {"queue": settings.queue, "images_written": st.images_written, "images_enqueued": st.images_enqueued,
+                  "jobs_pending": st.pending}  # fmt: skip
+    report = export_shards(
+        src, out, options, on_start=start, on_sample=lambda n: bars[0].advance(n), overwrite=overwrite, ledger=ledger
+    )
     if bars:
         bars[0].close()
     click.echo(describe(report, dest))

@@ -14,6 +14,14 @@ The steps, each with memory that does not grow with the dataset:
    name in one step, then a marker ``.diffq-export/NNNNNN.json`` records the digest of its
    lines. A run that was killed and started again skips every shard whose marker matches and
    writes only the rest.
+4. **Seal**: whatever the destination holds that this export did not write is removed (shards
+   of an earlier export with another shard size), the markers go, and ``diffq-export.json`` is
+   written last: the manifest (samples, shards, the pattern to read them, the metadata and
+   ledger state they came from). Its presence means the export is whole.
+
+A destination is written only when it is empty, holds an unfinished export (markers, no
+manifest), or ``--overwrite`` says so: an export never mixes with what was there. The same
+export again (same metadata, same options) finds its manifest and writes nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +48,8 @@ SORT_BUFFER = 100_000
 #: images read per request batch (concurrent GETs on an object store)
 READ_BATCH = 64
 MARKERS_DIR = ".diffq-export"
+MANIFEST = "diffq-export.json"
+EXTENSIONS = {"webdataset": ".tar", "parquet": ".parquet", "imagefolder": ""}
 
 
 class ExportError(DiffqError):
@@ -81,6 +92,10 @@ class ExportReport:
     written: int = 0  # shards written by this run
     kept: int = 0  # shards a previous run had finished
     missing: list[str] = field(default_factory=list)  # lines whose image is gone
+    removed: int = 0  # files of an earlier export (or anything else) this one replaced
+    up_to_date: bool = False  # the destination held this very export already
+    pattern: str = ""  # how to read the shards
+    ledger: dict[str, Any] = field(default_factory=dict)  # the queue's counts, when a queue was named
     seconds: float = 0.0
 
 
@@ -201,17 +216,63 @@ def _storage_error(exc: BaseException, store: Store, role: str) -> DiffqError | 
     return ExportError(f"{role} {line.removeprefix('output ')}")
 
 
+def _destination(dest: Store) -> tuple[str, dict[str, Any] | None, str]:
+    """What ``dest`` holds: ``empty``, ``unfinished`` (an export's markers, no manifest),
+    ``export`` (a whole export: its manifest) or ``other``; the manifest; one file there."""
+    try:
+        if dest.exists(MANIFEST):
+            return "export", json.loads(dest.read(MANIFEST)), MANIFEST
+        first = next(iter(dest.listing("")), None)
+        if first is None:
+            return "empty", None, ""
+        return ("unfinished" if dest.exists(MARKERS_DIR) else "other"), None, first
+    except Exception as exc:
+        err = _storage_error(exc, dest, "destination")
+        if err is None:
+            raise
+        raise err from None
+
+
+def pattern(dest: Store, options: ExportOptions, shards: int) -> str:
+    """How to read exactly these shards, as a user would type it."""
+    where = dest.location.rstrip("/")
+    if options.format == "imagefolder":
+        return f'datasets.load_dataset("imagefolder", data_dir="{where}")'
+    if options.format == "parquet":
+        return f'datasets.load_dataset("parquet", data_files="{where}/*.parquet")'
+    names = "000000" if shards == 1 else f"{{000000..{shards - 1:06d}}}"
+    return f'webdataset.WebDataset("{where}/{names}.tar")'
+
+
+def _digest_file(path: Path, options: ExportOptions) -> str:
+    digest = hashlib.sha256(f"{options.format}|{options.shard_size}|{options.group_by}|".encode())
+    with open(path, "rb") as handle:
+        while block := handle.read(64 << 10):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def export(
     source: Store,
     dest: Store,
     options: ExportOptions,
     on_start: Callable[[int], None] | None = None,
     on_sample: Callable[[int], None] | None = None,
+    *,
+    overwrite: bool = False,
+    ledger: dict[str, Any] | None = None,
 ) -> ExportReport:
-    """Export ``source`` to shards under ``dest``; see the module docstring."""
+    """Export ``source`` to shards under ``dest``; see the module docstring. ``ledger``: the
+    queue's counts, recorded in the manifest."""
     options.validate()
-    report = ExportReport()
+    report = ExportReport(ledger=ledger or {})
     started = time.perf_counter()
+    held, manifest, example = _destination(dest)
+    if held == "other" and not overwrite:
+        raise ExportError(
+            f"destination {dest.location!r} is not empty (it holds {example}, not written by an export): "
+            "add --overwrite to replace what is there with this export, or choose another --to"
+        )
     with tempfile.TemporaryDirectory(prefix="diffq-export-") as tmp:
         folder = Path(tmp)
         try:
@@ -228,6 +289,20 @@ def export(
             )
         report.samples, report.images = count_samples(merged, bool(options.group_by))
         report.shards = -(-report.samples // options.shard_size)
+        report.pattern = pattern(dest, options, report.shards)
+        export_id = _digest_file(merged, options)
+        if manifest is not None and manifest.get("export_id") == export_id:
+            report.kept, report.up_to_date = report.shards, True
+            report.seconds = time.perf_counter() - started
+            return report
+        if manifest is not None and not overwrite:
+            raise ExportError(
+                f"destination {dest.location!r} holds another export ({manifest.get('samples')} sample(s) in "
+                f"{manifest.get('shards')} {manifest.get('format')} shard(s) of {manifest.get('shard_size')}): "
+                "add --overwrite to replace it, or choose another --to"
+            )
+        if manifest is not None:
+            dest.delete(MANIFEST)  # from here on, an unfinished export
         if on_start:
             on_start(report.samples)
         writer = ShardWriter(options.format, grouped=bool(options.group_by))
@@ -244,8 +319,42 @@ def export(
             _write_shard(source, dest, writer, options, index, shard, folder, report)
             if on_sample:
                 on_sample(len(shard))
+        _seal(dest, options, report, export_id)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _seal(dest: Store, options: ExportOptions, report: ExportReport, export_id: str) -> None:
+    """Remove what this export did not write, the markers, and write the manifest last."""
+    ours = {f"{i:06d}{EXTENSIONS[options.format]}" for i in range(report.shards)}
+    try:
+        for rel in list(dest.listing("")):
+            top = rel.split("/", 1)[0]
+            if top not in ours and top != MARKERS_DIR:
+                dest.delete(rel)
+                report.removed += 1
+        dest.remove_tree(MARKERS_DIR)
+        body = {
+            "format": options.format,
+            "shard_size": options.shard_size,
+            "group_by": options.group_by,
+            "samples": report.samples,
+            "images": report.images,
+            "shards": report.shards,
+            "read_with": report.pattern,
+            "export_id": export_id,  # the sorted metadata and the options: the same id, the same shards
+            "metadata_lines": report.lines,
+            "repeated_lines": report.duplicates,
+            "missing_images": len(report.missing),
+            "ledger": report.ledger,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        dest.put(MANIFEST, json.dumps(body, indent=2, sort_keys=True).encode() + b"\n")
+    except Exception as exc:
+        err = _storage_error(exc, dest, "destination")
+        if err is None:
+            raise
+        raise err from None
 
 
 def _write_shard(
@@ -282,6 +391,8 @@ def _write_shard(
             yield from _read_batch(source, batch, report)
 
     try:
+        if options.format == "imagefolder":
+            dest.remove_tree(name)  # a shard folder holds this shard's files only
         writer.write(dest, name, images(), folder)
         dest.put(marker, json.dumps({"digest": digest, "samples": len(shard)}).encode())
     except DiffqError:
@@ -313,15 +424,28 @@ def _read_batch(
 
 def describe(report: ExportReport, dest: str) -> str:
     rate = report.images / report.seconds if report.seconds else 0.0
+    if report.up_to_date:
+        return (
+            f"{dest} already holds this export ({report.images} image(s), {report.samples} sample(s) in "
+            f"{report.shards} shard(s)): nothing written; read it with {report.pattern}"
+        )
     text = (
         f"exported {report.images} image(s) as {report.samples} sample(s) in {report.shards} shard(s) to {dest} "
         f"({report.written} written, {report.kept} already there) in {report.seconds:.1f}s, {rate:.0f} images/s"
     )
     if report.duplicates:
         text += f"; {report.duplicates} repeated metadata line(s) merged"
+    if report.removed:
+        text += f"; {report.removed} file(s) that were there before removed"
     if report.missing:
         text += (
             f"; {len(report.missing)} image(s) listed in the metadata are missing and were left out "
-            f"(first: {report.missing[0]}); producer enqueue makes them again"
+            f"(first: {report.missing[0]}); producer verify --repair makes them again"
         )
-    return text
+    written = report.ledger.get("images_written")
+    if written is not None and written != report.images:
+        text += (
+            f"; the ledger counts {written} image(s) written, this export has {report.images}: "
+            "producer verify finds the difference"
+        )
+    return f"{text}\nread it with {report.pattern}"

@@ -20,6 +20,7 @@ import io
 import json
 import tarfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +46,36 @@ COLUMNS: dict[str, str] = {
     "height": "int32",
     "steps": "int32",
     "guidance": "float64",
-    "created": "string",
+    "created": "timestamp[ms]",  # UTC, naive; Parquet has no seconds unit (an imagefolder reads timestamp[s])
 }
+
+#: a ``--group-by prompt`` row: ``group``, ``prompt`` and ``images``, then each of these as a
+#: list in the order of ``images`` (the same names as one image's columns)
+PER_IMAGE = [c for c in COLUMNS if c != "prompt"]
 
 Batch = Iterator[tuple[list[dict[str, Any]], list[bytes | None]]]
 
 
 def columns(record: dict[str, Any]) -> dict[str, Any]:
-    return {name: record.get(name) for name in COLUMNS}
-
-
-def typed(row: dict[str, Any]) -> dict[str, Any]:
-    """No nulls, for imagefolder shards: ``datasets`` infers each shard's column types from
-    its own ``metadata.jsonl``, and a shard whose ``adapter`` is all null would clash with one
-    that names adapters. No adapter is ``""`` at scale ``0.0`` (no effect), no id is ``""``."""
-    out = dict(row)
+    """The exported columns of one image, the same values in every format. No nulls: ``datasets``
+    infers a column's type from its values (an imagefolder's ``metadata.jsonl``, a WebDataset's
+    JSON), and a column that is null in every row would be typed null. No adapter is ``""`` at
+    scale ``0.0`` (no effect), no id is ``""``."""
+    out = {name: record.get(name) for name in COLUMNS}
     if out.get("adapter") is None:
         out["adapter"], out["adapter_scale"] = "", 0.0
     for name, kind in COLUMNS.items():
         if out.get(name) is None and kind == "string":
             out[name] = ""
     return out
+
+
+def timestamp(text: str | None) -> datetime | None:
+    """``created`` (ISO 8601 with its offset) as the naive UTC time Parquet stores."""
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
 def sample_key(record: dict[str, Any]) -> str:
@@ -133,11 +143,15 @@ class ShardWriter:
                         "prompt": present[0][0].get("prompt"),
                         "images": [{"bytes": b, "path": sample_key(r) + ".png"} for r, b in present],
                     }
-                    for column in COLUMNS:
-                        row[f"{column}s"] = [r.get(column) for r, _ in present]
+                    values = [_parquet(columns(r)) for r, _ in present]
+                    for column in PER_IMAGE:
+                        row[column] = [v[column] for v in values]
                     rows = [row]
                 else:
-                    rows = [{"image": {"bytes": b, "path": sample_key(r) + ".png"}, **columns(r)} for r, b in present]
+                    rows = [
+                        {"image": {"bytes": b, "path": sample_key(r) + ".png"}, **_parquet(columns(r))}
+                        for r, b in present
+                    ]
                 pending += rows
                 size += sum(len(b) for _, b in present)
                 if size >= ROW_GROUP_BYTES:  # one row group per ~64 MiB of images: few, big groups
@@ -156,23 +170,24 @@ class ShardWriter:
                     continue
                 file_name = f"{sample_key(record)}.png"
                 dest.put(f"{name}/{file_name}", blob)
-                lines.append(_json({"file_name": file_name, **typed(columns(record))}) + b"\n")
+                lines.append(_json({"file_name": file_name, **columns(record)}) + b"\n")
         dest.put(f"{name}/metadata.jsonl", b"".join(lines))
 
 
 def _schema(pa: Any, grouped: bool) -> Any:
-    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64()}
+    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
+             "timestamp[ms]": pa.timestamp("ms")}  # fmt: skip
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     if grouped:
         fields = [("group", pa.string()), ("prompt", pa.string()), ("images", pa.list_(image))]
-        fields += [(f"{c}s", pa.list_(types[t])) for c, t in COLUMNS.items()]
+        fields += [(c, pa.list_(types[COLUMNS[c]])) for c in PER_IMAGE]
         features: dict[str, Any] = {
             "group": {"dtype": "string", "_type": "Value"},
             "prompt": {"dtype": "string", "_type": "Value"},
             "images": {"feature": {"_type": "Image"}, "_type": "List"},
         }
-        for c, t in COLUMNS.items():
-            features[f"{c}s"] = {"feature": {"dtype": t, "_type": "Value"}, "_type": "List"}
+        for c in PER_IMAGE:
+            features[c] = {"feature": {"dtype": COLUMNS[c], "_type": "Value"}, "_type": "List"}
     else:
         fields = [("image", image)] + [(c, types[t]) for c, t in COLUMNS.items()]
         features = {"image": {"_type": "Image"}}
@@ -180,6 +195,10 @@ def _schema(pa: Any, grouped: bool) -> Any:
     # what datasets reads to know that the struct is an image (datasets.Features.from_arrow_schema)
     metadata = {"huggingface": json.dumps({"info": {"features": features}})}
     return pa.schema(fields, metadata=metadata)
+
+
+def _parquet(values: dict[str, Any]) -> dict[str, Any]:
+    return values | {"created": timestamp(values.get("created"))}
 
 
 def group_key(prompt: str) -> str:

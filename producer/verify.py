@@ -113,8 +113,8 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="diffq-verify-") as tmp:
         spill = Spill(Path(tmp))
         try:
-            for key, state in conn.hscan_iter(items_key(queue), count=10_000):
-                spill.write("ledger", key[:2].decode(), key + b" " + state + b"\n")
+            for key, state in _ledger(conn, items_key(queue)):
+                spill.write("ledger", key[:2], f"{key} {state}\n".encode())
             for line in read(store, metadata_files(store)):
                 name = line.file_name
                 match = NAME.fullmatch(name) if name else None
@@ -137,6 +137,31 @@ def verify(
         report.problems.add("count", f"{report.counted} counted, {whole} on disk", report.counted - whole)
     report.seconds = time.perf_counter() - started
     return report
+
+
+#: KEYS: the items hash. ARGV: cursor, count. One HSCAN page as one string of "key state" lines:
+#: a client parses one bulk string far faster than 20,000 replies
+SCAN_PAGE = """
+local page = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+local out = {}
+for i = 1, #page[2], 2 do out[#out + 1] = page[2][i] .. ' ' .. page[2][i + 1] end
+return {page[1], table.concat(out, '\\n')}
+"""
+
+
+def _ledger(conn: redis.Redis, key: str) -> Iterator[tuple[str, str]]:
+    """Every (item key, state) of the ledger, a page of HSCAN at a time."""
+    page = conn.register_script(SCAN_PAGE)
+    cursor = "0"
+    while True:
+        cursor, text = page(keys=[key], args=[cursor, 10_000])
+        cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+        for line in (text.decode() if isinstance(text, bytes) else text).split("\n"):
+            if line:
+                item, _, state = line.partition(" ")
+                yield item, state
+        if cursor == "0":
+            return
 
 
 class Spill:
@@ -198,11 +223,12 @@ def _whole(path: str, deep: bool) -> bool:
         if deep:
             with open(path, "rb") as handle:
                 return _decodes(handle.read())
-        with open(path, "rb") as handle:
-            if handle.read(8) != PNG_HEAD:
-                return False
-            handle.seek(-12, os.SEEK_END)
-            return handle.read(12) == PNG_TAIL
+        fd = os.open(path, os.O_RDONLY)  # three system calls, no file object: 10^7 of them
+        try:
+            size = os.fstat(fd).st_size
+            return size > 20 and os.pread(fd, 8, 0) == PNG_HEAD and os.pread(fd, 12, size - 12) == PNG_TAIL
+        finally:
+            os.close(fd)
     except OSError:
         return False
 

@@ -18,7 +18,7 @@ from synthetic import write_local
 
 from common.naming import METADATA_FILE
 from common.storage import Store
-from producer.export import ExportOptions, export
+from producer.export import MANIFEST, ExportOptions, export
 
 ROWS = """prompt,adapter,num_images
 a red fox in snow,,1
@@ -55,11 +55,11 @@ def run_export(source, dest, *args: str):
 
 
 def files(folder: Path) -> dict[str, str]:
-    """Every shard file's digest (markers left out)."""
+    """Every shard file's digest (markers and the manifest, which has a date, left out)."""
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and ".diffq-export" not in p.parts
+        if p.is_file() and ".diffq-export" not in p.parts and p.name != MANIFEST
     }
 
 
@@ -77,8 +77,11 @@ def test_webdataset_shards_read_back_with_webdataset_byte_for_byte(made, tmp_pat
         fields = json.loads(sample["json"])
         source = lines[f"images/{fields['key'][:2]}/{sample['__key__']}.png"]
         assert sample["png"] == (out / source["file_name"]).read_bytes()
-        for column in ("prompt", "negative_prompt", "seed", "model", "adapter", "adapter_scale", "width", "height"):
+        for column in ("prompt", "negative_prompt", "seed", "model", "width", "height"):
             assert fields[column] == source[column]
+        assert (fields["adapter"], fields["adapter_scale"]) == (
+            (source["adapter"], source["adapter_scale"]) if source["adapter"] else ("", 0.0)
+        )
 
 
 def test_parquet_shards_load_with_datasets(made, tmp_path):
@@ -101,7 +104,7 @@ def test_imagefolder_shards_load_with_datasets_and_no_label_column(made, tmp_pat
 
     out, _ = made
     run_export(out, tmp_path / "if", "--format", "imagefolder", "--shard-size", "4")
-    assert sorted(p.name for p in (tmp_path / "if").iterdir() if not p.name.startswith(".")) == ["000000", "000001"]
+    assert sorted(p.name for p in (tmp_path / "if").iterdir()) == ["000000", "000001", MANIFEST]
     ds = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "if"), split="train")
     assert len(ds) == 6 and "label" not in ds.column_names
     assert {"prompt", "adapter", "seed"} <= set(ds.column_names)
@@ -120,21 +123,18 @@ def test_group_by_prompt_puts_every_image_of_a_prompt_in_one_sample(made, tmp_pa
         assert sorted(k for k in sample if k.endswith("png")) == sorted(i["file"] for i in meta["images"])
         groups[meta["prompt"]] = meta["images"]
     fox = groups["a red fox in snow"]
-    assert sorted(str(i["adapter"]) for i in fox) == ["None", "tiny-dora"]  # two rows, two adapters, one group
+    assert sorted(i["adapter"] for i in fox) == ["", "tiny-dora"]  # two rows, two adapters, one group
     assert len(groups["a lighthouse at dusk"]) == 3 and len(groups["a bowl of ramen"]) == 1
 
     run_export(out, tmp_path / "gp", "--format", "parquet", "--group-by", "prompt")
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "gp" / "*.parquet"), split="train")
     row = next(r for r in ds if r["prompt"] == "a lighthouse at dusk")
     assert len(row["images"]) == 3 and row["images"][0].size == (64, 64)
-    assert sorted(str(a) for a in row["adapters"]) == ["None", "None", "tiny-dora"]
+    assert sorted(row["adapter"]) == ["", "", "tiny-dora"]  # one image's column names, as lists
     # a preference pair: the same prompt and seed under two adapters, and a second seed
-    seed = min(row["seeds"])
-    assert sorted(zip(row["seeds"], map(str, row["adapters"]), strict=True)) == [
-        (seed, "None"),
-        (seed, "tiny-dora"),
-        (seed + 1, "None"),
-    ]
+    seed = min(row["seed"])
+    assert sorted(zip(row["seed"], row["adapter"], strict=True)) == [(seed, ""), (seed, "tiny-dora"), (seed + 1, "")]
+    assert not [c for c in ds.column_names if c.endswith("s") and c not in ("images", "steps")]
 
 
 def test_the_same_output_gives_the_same_shards(made, tmp_path):
@@ -226,3 +226,59 @@ def test_from_s3_parts_to_s3_shards_with_a_repeated_line_merged(tmp_path, s3_ser
         assert shards[f"shards/00000{i}.tar"] == (tmp_path / "from-s3" / f"00000{i}.tar").read_bytes()
     run_export(local, tmp_path / "from-local", "--format", "webdataset", "--shard-size", "4")
     assert files(tmp_path / "from-local") == files(tmp_path / "from-s3")  # and so does the same data on disk
+
+
+def test_a_new_export_never_mixes_with_what_the_destination_held(made, tmp_path):
+    import webdataset as wds
+
+    out, _ = made
+    dest = tmp_path / "wds"
+    first = run_export(out, dest, "--format", "webdataset", "--shard-size", "2")
+    assert 'read it with webdataset.WebDataset("' + str(dest) + '/{000000..000002}.tar")' in first
+    refused = producer("export", str(out), "--to", str(dest), "--format", "webdataset")
+    assert refused.exit_code == 2, refused.output
+    assert "holds another export (6 sample(s) in 3 webdataset shard(s) of 2)" in refused.output
+    assert "--overwrite" in refused.output and len(list(dest.glob("*.tar"))) == 3  # untouched
+    again = run_export(out, dest, "--format", "webdataset", "--overwrite")
+    assert "2 file(s) that were there before removed" in again, again
+    assert sorted(p.name for p in dest.iterdir()) == ["000000.tar", MANIFEST]  # no stale shard, no marker
+    assert len(list(wds.WebDataset(str(dest / "000000.tar"), shardshuffle=False))) == 6
+    manifest = json.loads((dest / MANIFEST).read_text())
+    assert manifest["samples"] == 6 and manifest["shards"] == 1 and manifest["images"] == 6
+    assert manifest["read_with"] == f'webdataset.WebDataset("{dest}/000000.tar")'
+
+    before = files(dest)
+    same = run_export(out, dest, "--format", "webdataset")  # the same export: nothing to do
+    assert "already holds this export" in same and "nothing written" in same
+    assert files(dest) == before
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    foreign = producer("export", str(out), "--to", str(other), "--format", "parquet")
+    assert foreign.exit_code == 2 and "is not empty (it holds notes.txt" in foreign.output
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_every_column_has_one_type_in_every_format(made, tmp_path):
+    import datasets
+
+    out, _ = made
+    run_export(out, tmp_path / "pq", "--format", "parquet")
+    run_export(out, tmp_path / "if", "--format", "imagefolder")
+    run_export(out, tmp_path / "wds", "--format", "webdataset")
+    parquet = datasets.load_dataset("parquet", data_files=str(tmp_path / "pq" / "*.parquet"), split="train")
+    folder = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "if"), split="train")
+    web = datasets.load_dataset("webdataset", data_files=str(tmp_path / "wds" / "*.tar"), split="train")
+    expected = {"key": "string", "index": "int32", "id": "string", "adapter": "string", "adapter_scale": "float64",
+                "created": "timestamp[ms]", "seed": "int64"}  # fmt: skip
+    for name, kind in expected.items():
+        assert parquet.features[name].dtype == kind, name
+        if kind.startswith("int"):  # JSON has one integer type
+            assert folder.features[name].dtype == "int64" and web.features["json"][name].dtype == "int64", name
+        elif kind.startswith("timestamp"):  # JSON has no time type: ISO 8601 text, imagefolder reads it as one
+            assert folder.features[name].dtype == "timestamp[s]" and web.features["json"][name].dtype == "string"
+        else:
+            assert folder.features[name].dtype == kind and web.features["json"][name].dtype == kind, name
+    by_key = {(r["key"], r["index"]): r["created"] for r in folder}
+    assert all(by_key[(r["key"], r["index"])] == r["created"] for r in parquet)  # the same instants
