@@ -237,6 +237,7 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
     if not store.remote and not Path(store.location).is_dir():
         raise ConfigError(f"{output}: no such folder (a folder deleted whole: producer enqueue makes it again)")
     conn = connect(settings.redis_url)
+    click.echo(f"reading queue {settings.queue!r}'s ledger and the metadata of {output} ...", err=True)
     bar = Progress(f"verify {output}", 256, "folders")
     try:
         report = check(store, conn, settings.queue, deep=deep, on_bucket=bar.update)
@@ -257,11 +258,15 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
         sys.exit(1)
     enqueuer = Enqueuer(conn, settings.queue, EnqueueOptions.from_settings(settings, store.location))
     apply_repairs(store, report, enqueuer.requeue)
-    if report.problems.counts["count"] and collect(conn, settings.queue, details=False).pending == 0:
-        conn.set(images_key(settings.queue), report.images)
-        report.repaired.append(f"images counter set to the {report.images} image(s) on disk")
-    click.echo("repaired: " + "; ".join(report.repaired or ["nothing"]))
     left = report.repairs.unrepairable + report.problems.counts["unknown"]
+    if report.problems.counts["count"]:
+        if collect(conn, settings.queue, details=False).pending == 0:
+            conn.set(images_key(settings.queue), report.images)
+            report.repaired.append(f"images counter set to the {report.images} image(s) on disk")
+        else:
+            click.echo("the images counter is set only while no job is queued or running: repair again then", err=True)
+            left += 1
+    click.echo("repaired: " + "; ".join(report.repaired or ["nothing"]))
     if left:
         click.echo(f"{left} problem(s) cannot be repaired from here: see above", err=True)
         sys.exit(1)

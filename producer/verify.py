@@ -17,6 +17,7 @@ running it again.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import tempfile
@@ -115,7 +116,7 @@ def verify(
         try:
             for key, state in _ledger(conn, items_key(queue)):
                 spill.write("ledger", key[:2], f"{key} {state}\n".encode())
-            for line in read(store, metadata_files(store)):
+            for line in read(store, metadata_files(store), fast=True):
                 name = line.file_name
                 match = NAME.fullmatch(name) if name else None
                 if match is None:
@@ -123,15 +124,12 @@ def verify(
                     report.repairs.drop_line(line.source, line.position)
                     continue
                 report.lines += 1
-                n = line.record.get("num_images", "") if line.record else ""
+                n = (line.record.get("num_images") or "") if line.record else ""
                 text = f"{name}\t{line.source}\t{line.position}\t{n}\n"
                 spill.write("lines", match[1], text.encode())
         finally:
             spill.close()
-        for i, bucket in enumerate(BUCKETS):
-            _check_bucket(store, spill, bucket, report, deep)
-            if on_bucket:
-                on_bucket(i + 1)
+        _check_buckets(store, spill, report, deep, on_bucket)
     whole = report.images
     if report.counted > whole and not report.problems.counts["no_image"] and not report.problems.counts["lost"]:
         report.problems.add("count", f"{report.counted} counted, {whole} on disk", report.counted - whole)
@@ -162,6 +160,58 @@ def _ledger(conn: redis.Redis, key: str) -> Iterator[tuple[str, str]]:
                 yield item, state
         if cursor == "0":
             return
+
+
+#: what a forked checker process needs (set before the fork, read in the child)
+_CHECKING: tuple[Store, Spill, bool] | None = None
+
+
+def _check_buckets(
+    store: Store, spill: Spill, report: VerifyReport, deep: bool, on_bucket: Callable[[int], None] | None
+) -> None:
+    """Check every bucket: in one process per core (the checks are system calls and Python,
+    so the GIL would serialise threads), their findings merged into ``report``."""
+    global _CHECKING
+    processes = min(len(os.sched_getaffinity(0)), 4)
+    if processes < 2:
+        for i, bucket in enumerate(BUCKETS):
+            _check_bucket(store, spill, bucket, report, deep)
+            if on_bucket:
+                on_bucket(i + 1)
+        return
+    _CHECKING = (store, spill, deep)
+    try:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            for i, part in enumerate(pool.imap_unordered(_bucket_in_child, BUCKETS, chunksize=4)):
+                _merge(report, part)
+                if on_bucket:
+                    on_bucket(i + 1)
+    finally:
+        _CHECKING = None
+
+
+def _bucket_in_child(bucket: str) -> VerifyReport:
+    assert _CHECKING is not None
+    store, spill, deep = _CHECKING
+    part = VerifyReport()
+    _check_bucket(store, spill, bucket, part, deep)
+    return part
+
+
+def _merge(report: VerifyReport, part: VerifyReport) -> None:
+    report.done_items += part.done_items
+    report.images += part.images
+    report.in_flight += part.in_flight
+    report.problems.counts.update(part.problems.counts)
+    for kind, example in part.problems.first.items():
+        report.problems.first.setdefault(kind, example)
+    fixes, more = report.repairs, part.repairs
+    for source, positions in more.drop.items():
+        fixes.drop.setdefault(source, set()).update(positions)
+    fixes.lines_from_images += more.lines_from_images
+    fixes.delete += more.delete
+    fixes.requeue.update(more.requeue)
+    fixes.unrepairable += more.unrepairable
 
 
 class Spill:

@@ -190,6 +190,7 @@ def assert_exactly_once(output: Path, expected: int) -> None:
         with Image.open(path) as image:
             image.load()  # a half-written PNG would fail here
     assert not [p for p in output.rglob("*") if p.name.endswith(".tmp")]
+    assert not (output / ".diffq-tmp").exists()  # a finished dataset holds images and metadata only
     lines = (output / "metadata.jsonl").read_text().splitlines()
     files = [json.loads(line)["file_name"] for line in lines]
     assert sorted(files) == sorted(str(p.relative_to(output)) for p in images)

@@ -64,6 +64,11 @@ def test_verify_finds_every_kind_of_damage_and_repair_leaves_a_clean_output(env,
     assert int(conn.get(images_key("diffq"))) == 8
     records = [json.loads(line) for line in meta.read_text().splitlines()]
     rebuilt = next(r for r in records if r["file_name"] == no_line)
+    conn.incrby(images_key("diffq"), 3)  # a count ahead of the disk (a ledger from before 2026-11-25)
+    ahead = producer("verify", out)
+    assert ahead.exit_code == 1 and "3 images counted as written that are not on disk" in ahead.output, ahead.output
+    assert producer("verify", out, "--repair").exit_code == 0
+    assert int(conn.get(images_key("diffq"))) == 8
     had = json.loads(by_name[no_line])
     assert rebuilt == {k: v for k, v in had.items() if k != "timings"}  # the image's own chunk: all but timings
 
