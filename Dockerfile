@@ -42,9 +42,15 @@ RUN if getent passwd 1000 >/dev/null; then \
 RUN python3 -m venv /opt/diffq && /opt/diffq/bin/pip install --no-cache-dir "pip==25.1.1"
 ENV PATH=/opt/diffq/bin:$PATH
 # torch first, alone: its layer (several GB) stays cached while the project's code changes
-# (pinned: TORCH_VERSION; hadolint cannot read a pin through a build argument)
+# (pinned: TORCH_VERSION; hadolint cannot read a pin through a build argument).
+# Cut in the same layer, nothing that runs uses them: Triton's static CUPTI libraries (74 MB,
+# for linking Triton itself; its profiler loads the shared ones) and test suites of sympy,
+# networkx and numpy (tests are never imported).
 # hadolint ignore=DL3013
-RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+    && find /opt/diffq -path '*/triton/backends/nvidia/lib/cupti/*_static.a' -delete \
+    && find /opt/diffq -type d -name tests \( -path '*/sympy/*' -o -path '*/networkx/*' -o -path '*/numpy/*' \) \
+       -prune -exec rm -rf {} +
 
 WORKDIR /app
 COPY docker/constraints.txt docker/constraints.txt
@@ -52,7 +58,9 @@ COPY pyproject.toml README.md ./
 COPY common common
 COPY producer producer
 COPY worker worker
-RUN pip install -c docker/constraints.txt ".[dashboard,group,s3]"
+RUN pip install -c docker/constraints.txt ".[dashboard,group,s3]" \
+    && find /opt/diffq -type d -name tests \( -path '*/sympy/*' -o -path '*/networkx/*' -o -path '*/numpy/*' \) \
+       -prune -exec rm -rf {} +
 COPY docker/entrypoint.sh /usr/local/bin/diffq-entrypoint
 
 ENV DIFFQ_CACHE=/cache/diffq \

@@ -201,3 +201,17 @@ def test_compose_stop_is_a_warm_shutdown_inside_the_grace_period(stack: Stack):
     # the jobs that were running finished before their workers exited: their images are whole
     status = stack.status()
     assert not status.get("running") and status["jobs"].get("failed", 0) == 0
+
+
+def test_the_image_carries_nothing_that_never_runs_and_still_imports_what_does():
+    """The size cut (Dockerfile): Triton's static CUPTI libraries and the test suites of sympy,
+    networkx and numpy are gone; torch, Triton's profiler, Inductor and xfuser still import."""
+    script = (
+        "import glob, torch, triton, triton.profiler, torch._inductor.codecache, xfuser, numpy, sympy, networkx; "
+        "print(len(glob.glob('/opt/diffq/**/cupti/*_static.a', recursive=True)), "
+        "len(glob.glob('/opt/diffq/lib/*/site-packages/numpy/**/tests', recursive=True)))"
+    )
+    done = subprocess.run(["docker", "run", "--rm", "--entrypoint", "python", "diffq:0.1.0", "-c", script],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "0"], done.stdout
