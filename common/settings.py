@@ -117,6 +117,16 @@ class Settings:
     #: tests only: the writer holds each job's images until this file exists (a stalled disk)
     fault_hold_writer: str = ""
 
+    @staticmethod
+    def visible_devices() -> list[str] | None:
+        """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` lists them (indices, UUIDs
+        or MIG ids), or None when it is not set. Slurm's ``--gres=gpu:N`` / ``--gpus-per-node``
+        set it for a job; an empty value means no GPU at all."""
+        raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if raw is None:
+            return None
+        return [part.strip() for part in raw.split(",") if part.strip()]
+
     @classmethod
     def load(cls, **flags: Any) -> Settings:
         """Defaults, overridden by the environment, overridden by flags that were given (not None)."""

@@ -30,6 +30,34 @@ def test_parse_gpus():
         parse_gpus("gpu0")
 
 
+def test_gpus_all_means_the_gpus_this_process_may_use():
+    """A Slurm job given GPUs 2 and 5 of a node has CUDA_VISIBLE_DEVICES=2,5: one worker each,
+    pinned to its own, never GPUs 0 and 1 of the node."""
+    assert [(s.label, s.visible) for s in parse_gpus("all", ["2", "5"])] == [("2", "2"), ("5", "5")]
+    uuids = ["GPU-1a2b", "GPU-3c4d"]
+    assert [s.visible for s in parse_gpus("all", uuids)] == uuids
+    assert [s.visible for s in parse_gpus("1", ["2", "5"])] == ["5"]  # indices count within the list
+    with pytest.raises(ConfigError, match="not among the 2 this process may use"):
+        parse_gpus("0,2", ["2", "5"])
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES is set and empty"):
+        parse_gpus("all", [])
+    assert [s.visible for s in parse_gpus("cpu", [])] == [""]
+
+
+def test_launch_under_a_given_cuda_visible_devices_pins_each_worker_to_one_of_them(env, conn):
+    given = {**env, "CUDA_VISIBLE_DEVICES": "2,5"}
+    proc = subprocess.run(worker_cmd("launch", "--gpus", "all", "--burst"), env=given, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "(CUDA_VISIBLE_DEVICES='2')" in said and "(CUDA_VISIBLE_DEVICES='5')" in said, said
+    assert "CUDA_VISIBLE_DEVICES='0'" not in said
+    none = subprocess.run(worker_cmd("launch", "--gpus", "all"), env={**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert none.returncode == 2 and "CUDA_VISIBLE_DEVICES is set and empty" in none.stderr, none.stderr
+    assert "Traceback" not in none.stderr
+
+
 @pytest.mark.slow
 def test_launch_two_workers_drain_the_queue(env, conn, tmp_path):
     enqueued = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", tmp_path, "--chunk-size", "1")

@@ -188,7 +188,7 @@ def launch(gpus: str, **opts: Any) -> None:
     from worker.supervision.launch import Launcher, parse_gpus
 
     try:
-        slots = parse_gpus(gpus)
+        slots = parse_gpus(gpus, Settings.visible_devices())
         Settings.load(queue=opts["queue"], redis_url=opts["redis_url"], dtype=opts["dtype"], speedups=opts["speedups"])
     except DiffqError as exc:
         _fail(exc)

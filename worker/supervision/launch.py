@@ -45,14 +45,39 @@ class Slot:
     exit_codes: list[int] = field(default_factory=list)
 
 
-def parse_gpus(spec: str) -> list[Slot]:
-    """``0,1,3`` → those GPUs; ``all`` → every GPU nvidia-smi lists; ``cpu,cpu`` → two CPU workers."""
+def parse_gpus(spec: str, visible: list[str] | None = None) -> list[Slot]:
+    """``0,1,3`` → those GPUs; ``all`` → every GPU this process may use; ``cpu,cpu`` → two CPU
+    workers.
+
+    ``visible`` is the launcher's own ``CUDA_VISIBLE_DEVICES`` (None: not set). Where it is set
+    (a Slurm job given GPUs 2 and 5 of a node, a user's choice), ``all`` means those, one worker
+    each, pinned to that entry; indices count within it, as CUDA counts them. Unset, ``all`` is
+    every GPU ``nvidia-smi`` lists."""
     spec = spec.strip()
+    if visible is not None and not visible and spec != "cpu" and not set(spec.split(",")) <= {"cpu"}:
+        raise ConfigError(
+            f"--gpus {spec}: CUDA_VISIBLE_DEVICES is set and empty, so this process may use no GPU "
+            "(a Slurm job without --gres=gpu / --gpus?); ask for GPUs, or use --gpus cpu for CPU workers"
+        )
     if spec == "all":
+        if visible is not None:
+            return [Slot(entry, entry) for entry in visible]
         count = _count_gpus()
         if count == 0:
             raise ConfigError("--gpus all: nvidia-smi lists no GPU here; use --gpus cpu (or cpu,cpu) for CPU workers")
         return [Slot(str(i), str(i)) for i in range(count)]
+    if visible is not None:
+        slots = parse_gpus(spec)
+        for slot in slots:
+            if slot.visible and int(slot.visible) >= len(visible):
+                raise ConfigError(
+                    f"--gpus {spec}: GPU {slot.visible} is not among the {len(visible)} this process may use "
+                    f"(CUDA_VISIBLE_DEVICES={','.join(visible)}); indices count within that list"
+                )
+            if slot.visible:
+                slot.visible = visible[int(slot.visible)]
+                slot.label = slot.visible
+        return slots
     slots: list[Slot] = []
     for n, part in enumerate(p.strip() for p in spec.split(",")):
         if part == "cpu":
