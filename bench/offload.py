@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--small-size", type=int, default=512, help="also measured at the smallest cap")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per cell after the first (median)")
     args = ap.parse_args()
     began = time.monotonic()
     total = torch.cuda.get_device_properties(0).total_memory
@@ -100,7 +102,15 @@ def main() -> None:
                     seconds = time.perf_counter() - start
                 except torch.OutOfMemoryError:
                     continue
+                times = [seconds]
+                for _ in range(args.repeats - 1):
+                    start = time.perf_counter()
+                    run(pipe, batch, size, args.steps)
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - start)
+                seconds = statistics.median(times)
                 ran = {"batch": batch, "s_per_img": round(seconds / batch, 3), "img_per_s": round(batch / seconds, 3),
+                       "runs_s": [round(t, 2) for t in times],
                        "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)}  # fmt: skip
                 break
             emit(args.out, {"kind": "offload", "mode": mode, "cap_gb": cap, "size": size, "steps": args.steps,
