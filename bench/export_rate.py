@@ -176,10 +176,15 @@ def main() -> None:
                 moto.terminate()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a", encoding="utf-8") as out:
-            for line in results:
-                out.write(json.dumps(line) + "\n")
+        save(args.out, results)
+
+
+def save(path: Path, results: list[dict]) -> None:
+    """Append the JSON lines of a run to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as out:
+        for line in results:
+            out.write(json.dumps(line) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from export_rate import free_port, run, start_moto  # noqa: E402
+from export_rate import free_port, run, save, start_moto  # noqa: E402
 from synthetic import png, record  # noqa: E402
 
 
@@ -108,10 +108,7 @@ def main() -> None:
     finally:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a", encoding="utf-8") as out:
-            for line in results:
-                out.write(json.dumps(line) + "\n")
+        save(args.out, results)
 
 
 if __name__ == "__main__":

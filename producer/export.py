@@ -40,7 +40,7 @@ from typing import Any
 from common.errors import ConfigError, DiffqError
 from common.naming import METADATA_FILE, METADATA_PARTS_DIR
 from common.storage import Store, problem
-from producer.metadata import metadata_files, read_lines
+from producer.metadata import metadata_files, read
 from producer.shards import FORMATS, ShardWriter, group_key
 
 #: lines sorted in memory before a run is spilled to disk (about 60 MB of metadata)
@@ -140,15 +140,11 @@ def sorted_records(store: Store, options: ExportOptions, folder: Path, report: E
     """Merge, sort and dedup the metadata into one file of lines (one per image, in shard order);
     return its path."""
     sorter = ExternalSort(folder, options.sort_buffer)
-    for line in read_lines(store, metadata_files(store)):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            record = json.loads(line)
-            name = record.get("file_name") or record.get("file")
-        except (ValueError, AttributeError):
+    for line in read(store, metadata_files(store)):  # each line parsed once, there
+        record = line.record
+        if record is None:
             continue  # a torn last line (a writer killed mid-append) is not a record
+        name = record.get("file_name") or record.get("file")
         if not isinstance(name, str):
             continue
         report.lines += 1

@@ -93,12 +93,6 @@ def read(store: Store, files: list[str], *, fast: bool = False) -> Iterator[Line
                     yield Line(rel, number, text, parse_(text))
 
 
-def read_lines(store: Store, files: list[str]) -> Iterator[str]:
-    """The text of every line of ``files``."""
-    for line in read(store, files):
-        yield line.text
-
-
 def recorded_names(store: Store) -> set[str]:
     """The image names that have a whole metadata line (one pass over all of it)."""
-    return {name for line in read(store, metadata_files(store)) if (name := line.file_name)}
+    return {name for line in read(store, metadata_files(store), fast=True) if (name := line.file_name)}
