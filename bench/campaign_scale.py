@@ -53,8 +53,8 @@ def drive(redis_url: str, name: str) -> None:
     from common.queues import connect, get_queue
     from common.settings import Settings
     from worker.pipelines.generate import BatchResult
-    from worker.serving import runtime
     from worker.serving.rqworker import DiffqWorker
+    from worker.serving.runtime import Runtime
 
     class StubBackend:
         device, dtype, speedups = "cpu", "float32", None
@@ -92,7 +92,7 @@ def drive(redis_url: str, name: str) -> None:
     task.locked_metadata = lambda output: contextlib.nullcontext(NoLines())
     settings = Settings.load(redis_url=redis_url, retry_backoff="1")
     conn = connect(redis_url)
-    rt = runtime.install(runtime.Runtime(settings, StubBackend(), worker_name=name))
+    rt = Runtime(settings, StubBackend(), worker_name=name)
     worker = DiffqWorker([get_queue(settings.queue, conn)], connection=conn, name=name, runtime=rt)
     worker.work(logging_level="WARNING", with_scheduler=False)
 

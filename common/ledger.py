@@ -34,6 +34,8 @@ from typing import Any
 
 import redis
 
+from common.rq_keys import rq_names
+
 DONE = "done"
 REDO_PREFIX = "r:"
 #: CLAIM's redo flags: make an item that is not done; remake a done item's images (its lines are
@@ -41,43 +43,48 @@ REDO_PREFIX = "r:"
 MAKE, REMAKE_IMAGES, REMAKE_ALL = 0, 1, 2
 
 #: KEYS: items, queue, job hash, rq:queues, images-enqueued counter, images-written counter.
-#: ARGV: job id, n, n item keys, n redo flags, n image counts, job fields... A redo flag is
-#: '0' (make it if it is not done), '1' (done, its images are missing, its lines are there) or
-#: '2' (done, its images and lines are missing).
+#: ARGV: job id, n, RQ's job key prefix, RQ's ended statuses (comma-separated; see
+#: :mod:`common.rq_keys`), n item keys, n redo flags, n image counts, job fields... A redo flag
+#: is '0' (make it if it is not done), '1' (done, its images are missing, its lines are there)
+#: or '2' (done, its images and lines are missing). An item whose job has any status but an
+#: ended one (statuses RQ adds later included) is taken.
 #: Returns {} when the job was queued, else the item keys that are taken (or '*job' when a live
 #: job with this id exists). The ``#!lua`` line declares it a script with flags (Redis 7), and
 #: without ``allow-oom`` Redis refuses it whole when it is over ``maxmemory``: no chunk is ever
 #: half queued (an unflagged script that has written once may go on writing past the limit).
 CLAIM = """#!lua
 local n = tonumber(ARGV[2])
+local prefix = ARGV[3]
+local ended = {}
+for status in string.gmatch(ARGV[4], '[^,]+') do ended[status] = true end
+local first = 4
 local taken = {}
-local live = {queued = true, started = true, scheduled = true, deferred = true}
 for i = 1, n do
-  local key = ARGV[2 + i]
+  local key = ARGV[first + i]
   local state = redis.call('HGET', KEYS[1], key)
   local free = false
   if not state then
     free = true
   elseif state == 'done' then
-    free = ARGV[2 + n + i] ~= '0'
+    free = ARGV[first + n + i] ~= '0'
   else
     local owner = state
     if string.sub(owner, 1, 2) == 'r:' then owner = string.sub(owner, 3) end
-    local status = redis.call('HGET', 'rq:job:' .. owner, 'status')
-    free = (not status) or (status ~= 'failed' and not live[status])
+    local status = redis.call('HGET', prefix .. owner, 'status')
+    free = (not status) or ended[status] == true
   end
   if not free then table.insert(taken, key) end
 end
 if #taken > 0 then return taken end
 local status = redis.call('HGET', KEYS[3], 'status')
-if status and live[status] then return {'*job'} end
+if status and not ended[status] then return {'*job'} end
 redis.call('DEL', KEYS[3])
 local images = 0
 local uncounted = 0
 for i = 1, n do
-  local key = ARGV[2 + i]
-  local flag = ARGV[2 + n + i]
-  local count = tonumber(ARGV[2 + 2 * n + i])
+  local key = ARGV[first + i]
+  local flag = ARGV[first + n + i]
+  local count = tonumber(ARGV[first + 2 * n + i])
   local state = redis.call('HGET', KEYS[1], key)
   local value = ARGV[1]
   if state == 'done' then
@@ -92,7 +99,7 @@ for i = 1, n do
 end
 if images > 0 then redis.call('INCRBY', KEYS[5], images) end
 if uncounted > 0 then redis.call('DECRBY', KEYS[6], uncounted) end
-redis.call('HSET', KEYS[3], unpack(ARGV, 3 + 3 * n))
+redis.call('HSET', KEYS[3], unpack(ARGV, first + 1 + 3 * n))
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[4], KEYS[2])
 return {}
@@ -176,7 +183,17 @@ class Ledger:
         """Queue the job if all its items are free. Answers the item keys that were taken instead
         (empty: queued); with a pipeline as ``client``, the answer comes from its ``execute``.
         ``redo`` per item: :data:`MAKE`, :data:`REMAKE_IMAGES` or :data:`REMAKE_ALL`."""
-        args: list[bytes | str | int] = [job_id, len(keys), *keys, *map(str, redo), *images, *job_fields]
+        rq = rq_names()
+        args: list[bytes | str | int] = [
+            job_id,
+            len(keys),
+            rq.job_prefix,
+            rq.ended_arg(),
+            *keys,
+            *map(str, redo),
+            *images,
+            *job_fields,
+        ]
         keys_ = [items_key, queue_key, job_key, queues_key, enqueued_key, images_key]
         return self._claim(keys=keys_, args=args, client=client)
 

@@ -31,6 +31,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
+from common.rq_keys import finished_registry_key, rq_names
 from common.settings import redact
 
 TASK_FUNC = "worker.task.run_job"
@@ -194,7 +195,8 @@ def finished_key(queue: str) -> str:
     return f"diffq:{queue}:finished"
 
 
-#: KEYS: finished registry, finished counter. ARGV: jobs to keep, most to delete in one call.
+#: KEYS: finished registry, finished counter. ARGV: jobs to keep, most to delete in one call,
+#: RQ's job key prefix, RQ's results key prefix (see :mod:`common.rq_keys`).
 #: Counts one finished job, then deletes the oldest finished jobs (hash and result stream) past
 #: the newest ``keep``. A finished job costs ~6.4 KB (its result is a Redis stream, ~4.7 KB even
 #: for one entry); 1.25 M of them, a 10^7-image campaign, would be 8 GB. Nothing needs them:
@@ -208,7 +210,7 @@ if extra <= 0 then return 0 end
 extra = math.min(extra, tonumber(ARGV[2]))
 local ids = redis.call('ZRANGE', KEYS[1], 0, extra - 1)
 for _, id in ipairs(ids) do
-  redis.call('UNLINK', 'rq:job:' .. id, 'rq:results:' .. id)
+  redis.call('UNLINK', ARGV[3] .. id, ARGV[4] .. id)
 end
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, extra - 1)
 return extra
@@ -218,4 +220,6 @@ return extra
 def retire_finished(conn: redis.Redis, queue: str, keep: int, most: int = 1000) -> int:
     """Count a finished job and delete the oldest finished jobs past ``keep``; returns how many."""
     script = conn.register_script(RETIRE_FINISHED)
-    return int(script(keys=[f"rq:finished:{queue}", finished_key(queue)], args=[keep, most]))
+    rq = rq_names()
+    keys = [finished_registry_key(queue), finished_key(queue)]
+    return int(script(keys=keys, args=[keep, most, rq.job_prefix, rq.results_prefix]))

@@ -1,24 +1,61 @@
-"""The boundary with RQ, owned: rq is pinned exactly (pyproject.toml, docker/constraints.txt),
-and every RQ method diffq overrides or RQ internal it calls is checked here against the
-installed rq, so an upgrade that changes one fails loudly in CI instead of quietly at run time."""
+"""The boundary with RQ, owned. rq is pinned exactly (pyproject.toml, docker/constraints.txt).
+diffq meets it through its public seams: the ``execution=`` arguments of RQ 3's completion
+methods, ``prepare_execution``, ``get_heartbeat_ttl``, the registries and ``Job.key_for``.
+What is left is listed here with its reason, checked against the installed rq, and RQ's own
+worker runs a diffq job end to end, so an upgrade that changes any of it fails here first."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import tomllib
 
+import pytest
 import redis
 import rq
-from conftest import ROOT
+from conftest import ROOT, TINY_FLAGS, producer, write_csv
 from rq import SimpleWorker
-from rq.executions import Execution
-from rq.job import Job
-from rq.queue import Queue
-from rq.scheduler import RQScheduler
+from rq.job import Job, JobStatus
+from rq.results import Result
+from rq.serializers import JSONSerializer
 
-from common.queues import LeanJob
+from common.ledger import CLAIM, Ledger
+from common.queues import RETIRE_FINISHED, LeanJob, get_queue, items_key, retire_finished
+from common.rq_keys import rq_names
 from worker.group.leader import GroupWorker
+from worker.serving.recovery import _UNSTICK
 from worker.serving.rqworker import DiffqWorker
+
+#: every RQ method diffq's worker classes override, and why RQ's own does not do
+OVERRIDES = {
+    "DiffqWorker._install_signal_handlers": "RQ's handlers raise in the main thread, which may sit in a "
+    "CUDA call for seconds: a watcher thread hears signals at once and gives the job back (signals.py)",
+    "DiffqWorker.get_heartbeat_ttl": "documented hook: a short TTL, so a dead worker's job is back in seconds",
+    "DiffqWorker.prepare_execution": "remember the running job's execution: RQ 3 keeps several per worker, "
+    "and the handed-off job's is one of them",
+    "DiffqWorker.perform_job": "RQ's, inside the job's context (what the job function gets from its worker)",
+    "DiffqWorker.execute_job": "RQ's, plus: Redis gone on the way out ends the process with its own status",
+    "DiffqWorker.bootstrap": "RQ's, plus the keeper thread (heartbeats during a job, recovery, retries due)",
+    "DiffqWorker.teardown": "RQ's, plus the writer's last job completed, every Redis call bounded",
+    "DiffqWorker.clean_registries": "RQ's, after diffq's recovery, which re-queues without using a retry",
+    "DiffqWorker.handle_exception": "one line per failure, not RQ's traceback per job; the failure handler",
+    "DiffqWorker.handle_job_failure": "a worker's own environment (disk, model) gives the job back, no retry used",
+    "DiffqWorker.handle_job_success": "a job whose tail the writer has is completed when the writer is done",
+    "DiffqWorker.dequeue_job_and_maintain_ttl": "paused workers probe instead of taking jobs; --burst waits "
+    "for retries due and jobs on other workers",
+    "GroupWorker.dequeue_job_and_maintain_ttl": "a rank asked to stop stops the group",
+    "GroupWorker.handle_exception": "a lost rank is not the job's failure",
+    "GroupWorker.handle_job_failure": "a lost rank gives the job back and ends the group",
+    "LeanJob.to_dict": "leaves out empty fields: 10^6 queued jobs cost less Redis memory",
+}
+#: RQ's private names diffq still touches, and why
+PRIVATE = {
+    "_stop_requested": "RQ's work loop ends on it and RQ has no public setter (request_stop re-installs "
+    "RQ's own signal handlers)",
+    "_install_signal_handlers": "see OVERRIDES",
+}
+PRODUCT = ("common", "producer", "worker")
 
 
 def shape(func) -> list[tuple[str, object, object]]:
@@ -27,38 +64,108 @@ def shape(func) -> list[tuple[str, object, object]]:
 
 
 def test_rq_is_pinned_to_the_installed_version_everywhere():
+    assert rq.__version__.startswith("3.")
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert f"rq=={rq.__version__}" in deps
     assert f"rq=={rq.__version__}" in (ROOT / "docker" / "constraints.txt").read_text().split()
 
 
-def test_every_override_has_the_installed_rq_signature():
-    checked = []
+def test_every_override_is_listed_with_its_reason_and_has_rqs_signature():
+    found = {}
     for cls, base in ((DiffqWorker, SimpleWorker), (GroupWorker, SimpleWorker), (LeanJob, Job)):
         for name, member in vars(cls).items():
             upstream = getattr(base, name, None)
             if callable(member) and callable(upstream) and not name.startswith("__"):
-                assert shape(member) == shape(upstream), f"{cls.__name__}.{name} differs from rq's"
-                checked.append(f"{cls.__name__}.{name}")
-    assert "DiffqWorker.handle_job_failure" in checked and "DiffqWorker.maintain_heartbeats" in checked
+                found[f"{cls.__name__}.{name}"] = (member, upstream)
+    assert set(found) == set(OVERRIDES), "an override was added or removed: list it in OVERRIDES with its reason"
+    for name, (member, upstream) in found.items():
+        assert shape(member) == shape(upstream), f"{name} differs from rq's"
 
 
-def test_the_rq_internals_diffq_relies_on_are_there():
-    worker = SimpleWorker([], connection=redis.Redis(), prepare_for_work=False)  # no command is sent
-    assert hasattr(worker, "_stop_requested") and hasattr(worker, "_exc_handlers")
-    assert {"exc_string", "pipeline", "worker_name"} <= set(inspect.signature(Job._handle_failure).parameters)
-    assert {"acquire_locks", "enqueue_scheduled_jobs", "release_locks"} <= set(dir(RQScheduler))
-    assert Execution.key.fget is not None and "rq:execution:{self.composite_key}" in inspect.getsource(Execution)
-    assert Queue.intermediate_queue_key.fget is not None
-    # handle_job_failure reads the job's exception from sys.exc_info(): RQ must call it inside its except
-    source = inspect.getsource(SimpleWorker.perform_job)
-    assert source.index("except:") < source.index("self.handle_job_failure(")
-    # overlap (worker/serving/overlap.py): the job function's return value is on the job when
-    # handle_job_success is called, and RQ's completion works on worker.execution, which diffq
-    # points at a handed-off job's own execution while it completes it
-    assert source.index("job._result = return_value") < source.index("self.handle_job_success(")
-    from rq import executions
+def _rq_private_names() -> set[str]:
+    worker = SimpleWorker([], connection=redis.Redis(), prepare_for_work=False)  # sends no command
+    job = Job(id="x", connection=redis.Redis())
+    names = set(dir(SimpleWorker)) | set(vars(worker)) | set(dir(Job)) | set(vars(job))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
-    cleanup = inspect.getsource(executions.cleanup_execution)
-    assert "worker.execution.delete(job=job" in cleanup and "worker.execution = None" in cleanup
-    assert "self.execution.id if self.execution" in inspect.getsource(SimpleWorker.handle_job_success)
+
+def test_product_code_touches_no_other_private_rq_name():
+    rq_private = _rq_private_names()
+    used: dict[str, list[str]] = {}
+    for package in PRODUCT:
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr in rq_private:
+                    used.setdefault(node.attr, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    # diffq's own attributes that happen to share a name with one of rq's do not count
+    own = {n for cls in (DiffqWorker, GroupWorker) for n in _assigned_in(cls)} - set(dir(SimpleWorker))
+    unexplained = {name: where for name, where in used.items() if name not in PRIVATE and name not in own}
+    assert not unexplained, unexplained
+
+
+def _assigned_in(cls: type) -> set[str]:
+    source = inspect.getsource(cls)
+    return set(re.findall(r"self\.(_\w+)\s*(?::[^=]+)?=", source))
+
+
+def test_rqs_work_loop_still_reads_the_private_names_listed():
+    assert "self._stop_requested" in inspect.getsource(SimpleWorker.work)
+    assert "self._install_signal_handlers()" in inspect.getsource(SimpleWorker.work)
+
+
+def test_no_script_names_an_rq_key_or_status():
+    for script in (CLAIM, _UNSTICK, RETIRE_FINISHED):
+        assert "rq:" not in script
+        for status in JobStatus:
+            assert f"'{status.value}'" not in script and f'"{status.value}"' not in script, status
+
+
+@pytest.mark.parametrize("status", [s.value for s in JobStatus])
+def test_an_item_is_queued_again_only_when_its_job_has_ended(conn: redis.Redis, status: str):
+    """Every status of the installed rq, the ones RQ 3 added among them: an item whose job is in
+    any status but an ended one is taken, and a second CLAIM queues nothing."""
+    conn.hset(items_key("b"), "item", "owner")
+    conn.hset(Job.key_for("owner"), "status", status)
+    taken = Ledger(conn).claim(
+        items_key=items_key("b"),
+        queue_key="rq:queue:b",
+        job_key=Job.key_for("second"),
+        queues_key="rq:queues",
+        enqueued_key="diffq:b:enqueued",
+        images_key="diffq:b:images",
+        job_id="second",
+        keys=["item"],
+        redo=[0],
+        images=[1],
+        job_fields=["status", "queued"],
+    )
+    ended = status in {"finished", "failed", "stopped", "canceled"}
+    assert (taken == []) == ended, (status, taken)
+    assert rq_names().ended == {"finished", "failed", "stopped", "canceled"}
+
+
+def test_retiring_finished_jobs_deletes_rqs_own_keys(conn: redis.Redis):
+    queue = get_queue("retire", conn)
+    jobs = [queue.enqueue("builtins.len", "ab") for _ in range(3)]
+    SimpleWorker([queue], connection=conn, serializer=JSONSerializer).work(burst=True)
+    assert all(conn.exists(Job.key_for(job.id)) and conn.exists(Result.get_key(job.id)) for job in jobs)
+    assert retire_finished(conn, "retire", keep=1) == 2
+    kept = [(bool(conn.exists(Job.key_for(j.id))), bool(conn.exists(Result.get_key(j.id)))) for j in jobs]
+    assert sorted(kept) == [(False, False), (False, False), (True, True)]
+
+
+def test_rqs_own_worker_runs_a_diffq_job(env, conn: redis.Redis, tmp_path):
+    """RQ's SimpleWorker, not diffq's, takes a job the producer queued: the job function finds no
+    diffq context, says so, and still writes and records its images."""
+    rows = write_csv(tmp_path / "p.csv", "prompt\na lighthouse\na harbour\n")
+    out = tmp_path / "out"
+    assert producer("enqueue", rows, *TINY_FLAGS, "--output", out).exit_code == 0
+    queue = get_queue("diffq", conn)
+    (job_id,) = queue.job_ids
+    SimpleWorker([queue], connection=conn, serializer=JSONSerializer).work(burst=True)
+    job = Job.fetch(job_id, connection=conn, serializer=JSONSerializer)
+    assert job.get_status() == JobStatus.FINISHED, job.latest_result()
+    assert len(job.return_value()["files"]) == 2
+    assert len(list((out / "images").rglob("*.png"))) == 2
+    assert len((out / "metadata.jsonl").read_text().splitlines()) == 2

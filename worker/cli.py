@@ -134,8 +134,8 @@ def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
 def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     # torch and diffusers are imported here, after the launcher has set CUDA_VISIBLE_DEVICES
     from worker.pipelines.cache import PipelineCache
-    from worker.serving import runtime
     from worker.serving.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
+    from worker.serving.runtime import Runtime
 
     pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
     if settings.gpu_label == "-":
@@ -145,7 +145,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     log = logging.getLogger("diffq.worker")
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)
-    rt = runtime.install(runtime.Runtime(settings, pipelines, worker_name=name))
+    rt = Runtime(settings, pipelines, worker_name=name)
     worker = DiffqWorker(
         [get_queue(settings.queue, conn)],
         connection=conn,

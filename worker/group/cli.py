@@ -208,7 +208,7 @@ def _lead(
 ) -> int:
     from common.queues import get_queue
     from worker.group.leader import GroupPipelines, GroupWorker
-    from worker.serving import runtime
+    from worker.serving.runtime import Runtime
 
     group = GroupPipelines(engine, control)
     host = socket.gethostname().split(".")[0]
@@ -217,7 +217,7 @@ def _lead(
     from worker.group.comm import local_peers
 
     queues = [get_queue(settings.queue, conn)]
-    rt = runtime.install(runtime.Runtime(settings, group, worker_name=name))
+    rt = Runtime(settings, group, worker_name=name)
     worker = GroupWorker(
         queues,
         connection=conn,

@@ -8,7 +8,6 @@ group: the job function (:mod:`worker.task`) is the single-GPU one, so names, PN
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -16,7 +15,9 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+import redis
 from PIL import Image
+from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
 
@@ -115,8 +116,10 @@ class GroupPipelines:
 
     def stop(self, exit_code: int) -> None:
         if not self.lost:
-            with contextlib.suppress(GroupLost):
+            try:
                 self.control.broadcast(Command("stop", exit_code=exit_code))
+            except GroupLost as exc:  # the ranks that are left end with the group's rendezvous
+                log.warning("stop not told to every rank: %s", exc)
 
     def _round(self, command: Command, mine: Any) -> list[Answer]:
         try:
@@ -167,9 +170,12 @@ class GroupWorker(DiffqWorker):
             ",".join(map(str, dead)),
             f"job {job.id} re-queued" if job is not None else "no job was running",
         )
-        with contextlib.suppress(Exception):
+        try:
             self.give_back_pending(f"the xDiT group {self.name} lost a rank while writing this job; re-queued")
             self.register_death()
+        except redis.RedisError as exc:
+            log.warning("Redis did not answer on the way out (%s): the job in the writer comes back by its "
+                        "heartbeat", exc.__class__.__name__)  # fmt: skip
         os._exit(EXIT_GROUP_LOST)
 
     idle_every_s = int(PING_INTERVAL_S)
@@ -190,15 +196,21 @@ class GroupWorker(DiffqWorker):
             self.stop_after_job()
 
     def handle_job_failure(
-        self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
+        self,
+        job: Job,
+        queue: Queue,
+        started_job_registry: Any = None,
+        exc_string: str = "",
+        execution: Execution | None = None,
     ) -> None:
         if self.group.lost:
             # not the job's fault: back to the front of the queue, retries untouched
-            self.give_back(job, queue, f"the xDiT group {self.name} lost a rank during this job; re-queued")
+            reason = f"the xDiT group {self.name} lost a rank during this job; re-queued"
+            self.give_back(job, queue, reason, execution=execution)
             log.error("a rank left the group during job %s; re-queued, exiting", job.id)
             self.exit_after_job = EXIT_GROUP_LOST
             return
-        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
+        super().handle_job_failure(job, queue, started_job_registry, exc_string, execution=execution)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         if self.group.lost or isinstance(exc_info[1], GroupLost):

@@ -19,10 +19,15 @@ import logging
 import time
 
 import redis
+from rq.exceptions import DeserializationError, NoSuchJobError
+from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
+from rq.results import Result
 from rq.utils import parse_composite_key
+
+from common.rq_keys import rq_names
 
 log = logging.getLogger("diffq.worker")
 
@@ -40,16 +45,17 @@ def give_back(queue: Queue, job: Job, reason: str, *, at_front: bool = True) -> 
     queue.enqueue_job(job, at_front=at_front)
 
 
-#: KEYS: intermediate list, queue, started registry. ARGV: job id. A job RQ moved to its
-#: intermediate list (BLMOVE) whose worker died before registering it as started: back to the
-#: front of the queue, unless it is there already, runs, or is no longer queued.
+#: KEYS: intermediate list, queue, started registry, the job's hash (``Job.key_for``). ARGV: job
+#: id, RQ's ``queued`` status. A job RQ moved to its intermediate list (BLMOVE) whose worker
+#: died before registering it as started: back to the front of the queue, unless it is there
+#: already, runs, or is no longer queued.
 _UNSTICK = """
 for _, member in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   if string.sub(member, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then return 0 end
 end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 if redis.call('LPOS', KEYS[2], ARGV[1]) then return 0 end
-if redis.call('HGET', 'rq:job:' .. ARGV[1], 'status') ~= 'queued' then return 0 end
+if redis.call('HGET', KEYS[4], 'status') ~= ARGV[2] then return 0 end
 redis.call('LPUSH', KEYS[2], ARGV[1])
 return 1
 """
@@ -82,8 +88,8 @@ def _requeue_stuck(queue: Queue, stuck_after_s: float, now: float) -> list[str]:
         if now - first < stuck_after_s:
             continue
         conn.hdel(seen_key, job_id)
-        keys = [queue.intermediate_queue_key, queue.key, queue.started_job_registry.key]
-        if conn.eval(_UNSTICK, 3, *keys, job_id):
+        keys = [queue.intermediate_queue_key, queue.key, queue.started_job_registry.key, Job.key_for(job_id)]
+        if conn.eval(_UNSTICK, len(keys), *keys, job_id, JobStatus.QUEUED.value):
             log.warning("job %s: its worker died as it took it; re-queued at the front", job_id)
             handled.append(job_id)
     for stale in set(k.decode() for k in conn.hkeys(seen_key)) - set(ids):
@@ -95,31 +101,47 @@ def _requeue_expired(queue: Queue, now: float) -> list[str]:
     conn: redis.Redis = queue.connection
     registry = StartedJobRegistry(queue.name, connection=conn, serializer=queue.serializer)
     handled: list[str] = []
-    for raw in conn.zrangebyscore(registry.key, 0, now):
+    for raw, score in conn.zrangebyscore(registry.key, 0, now, withscores=True):
         entry = raw.decode()
-        if not conn.zrem(registry.key, entry):
-            continue  # somebody else took it
         job_id, _ = parse_composite_key(entry)
-        conn.delete(f"rq:execution:{entry}")
         try:
             job = Job.fetch(job_id, connection=conn, serializer=queue.serializer)
-        except Exception:  # a vanished or unreadable job has nothing to re-queue
+        except (NoSuchJobError, DeserializationError) as exc:
+            if conn.zrem(registry.key, entry):  # nothing to re-queue: only the entry goes
+                log.warning("job %s: its worker stopped heartbeating and the job is gone (%s)", job_id, exc)
             continue
-        if job.get_status(refresh=True) in (JobStatus.FINISHED, JobStatus.FAILED):
-            continue
-        abandoned = int(job.meta.get("abandoned", 0)) + 1
-        job.meta["abandoned"] = abandoned
-        if abandoned > MAX_ABANDONED:
-            reason = f"the worker running it died {abandoned} times (killed? host out of memory?); not retried"
-            job.meta.update(error=reason, permanent=True)
-            job.save_meta()
-            with conn.pipeline() as pipe:
-                job.set_status(JobStatus.FAILED, pipeline=pipe)
-                job._handle_failure(reason, pipe, worker_name="")
-                pipe.execute()
-            log.warning("job %s failed: %s", job_id, reason)
-        else:
-            give_back(queue, job, f"its worker stopped mid-job; re-queued ({abandoned}/{MAX_ABANDONED})")
-            log.warning("job %s: its worker stopped heartbeating; re-queued at the front", job_id)
-        handled.append(job_id)
+        if not conn.zrem(registry.key, entry):
+            continue  # somebody else took it
+        try:
+            handled += _requeue_one(queue, job, Execution.from_composite_key(entry, conn))
+        except redis.RedisError:
+            # back in the registry, still expired: the next pass (any worker's) takes it again
+            conn.zadd(registry.key, {entry: score})
+            raise
     return handled
+
+
+def _requeue_one(queue: Queue, job: Job, execution: Execution) -> list[str]:
+    conn: redis.Redis = queue.connection
+    job_id = job.id
+    with conn.pipeline() as pipe:
+        execution.delete(job, pipe)
+        pipe.execute()
+    if job.get_status(refresh=True) in rq_names().ended:
+        return []
+    abandoned = int(job.meta.get("abandoned", 0)) + 1
+    job.meta["abandoned"] = abandoned
+    if abandoned > MAX_ABANDONED:
+        reason = f"the worker running it died {abandoned} times (killed? host out of memory?); not retried"
+        job.meta.update(error=reason, permanent=True)
+        job.save_meta()
+        with conn.pipeline() as pipe:
+            job.set_status(JobStatus.FAILED, pipeline=pipe)
+            job.failed_job_registry.add(job, ttl=job.failure_ttl, exc_string=reason, pipeline=pipe)
+            Result.create_failure(job, job.failure_ttl, exc_string=reason, pipeline=pipe)
+            pipe.execute()
+        log.warning("job %s failed: %s", job_id, reason)
+    else:
+        give_back(queue, job, f"its worker stopped mid-job; re-queued ({abandoned}/{MAX_ABANDONED})")
+        log.warning("job %s: its worker stopped heartbeating; re-queued at the front", job_id)
+    return [job_id]

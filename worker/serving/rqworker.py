@@ -36,9 +36,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from concurrent.futures import wait
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -49,12 +48,11 @@ from rq import SimpleWorker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import StopRequested
 from rq.executions import Execution
-from rq.job import Job, JobStatus
+from rq.job import Job
 from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
-from rq.utils import now
 from rq.worker import WorkerStatus
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
@@ -62,8 +60,9 @@ from common.queues import WAY_OUT, paused_key, retire_finished
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
+from worker.serving.context import JobContext, Tail, running
 from worker.serving.failures import classify, record_failure
-from worker.serving.overlap import Handed, Pending, Tail, Writer
+from worker.serving.overlap import Pending, Writer
 from worker.serving.recovery import give_back, requeue_abandoned
 from worker.serving.runtime import Runtime
 from worker.serving.signals import SignalWatcher
@@ -123,7 +122,6 @@ class DiffqWorker(SimpleWorker):
         self.keepalive_s = heartbeat_ttl / 6
         self.reap_s = heartbeat_ttl / 3
         kwargs.setdefault("serializer", JSONSerializer)
-        kwargs.setdefault("exception_handlers", [record_failure])
         kwargs.setdefault("worker_ttl", max(WORKER_TTL_S, 2 * heartbeat_ttl))
         kwargs.setdefault("job_monitoring_interval", max(1, int(self.keepalive_s)))
         super().__init__(*args, **kwargs)
@@ -135,6 +133,8 @@ class DiffqWorker(SimpleWorker):
         self.paused: Pause | None = None
         self._running: Job | None = None
         self._running_queue: Queue | None = None
+        #: the running job's execution: RQ 3 keeps several per worker (the pending one's too)
+        self._running_execution: Execution | None = None
         self._lost: str | None = None  # id of a running job this worker no longer owns
         self._told: dict[str, int] = {}  # failure causes said, and how often they happened
         self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
@@ -146,46 +146,29 @@ class DiffqWorker(SimpleWorker):
         self._keeper_stop = threading.Event()
         self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
-        #: held while ``self.execution`` is swapped to complete a handed-off job, and by the keeper
+        #: held by the keeper while it renews heartbeats, and while a handed-off job is completed
         self._executions = threading.RLock()
         self._pending: Pending | None = None
-        self._writer: Writer | None = None
-        if runtime is not None and runtime.settings.overlap_save:
-            self._writer = Writer()
-            runtime.hand_off = self._hand_off
-            runtime.pump = self._pump
+        #: the running job's tail, once its job function handed it to the writer
+        self._handed: Future[dict[str, Any]] | None = None
+        self._writer = Writer() if runtime is not None and runtime.settings.overlap_save else None
 
     # -- heartbeats and recovery ------------------------------------------------------------
 
-    def get_heartbeat_ttl(self, job: Job) -> int:
-        """Short, so a dead worker's job is noticed in seconds; the keeper renews it."""
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        """Short, so a dead worker's job is noticed in seconds; the keeper renews it. RQ's own
+        ``maintain_heartbeats`` renews the execution only while it is still in the started
+        registry (``XX``): a worker back from a stall cannot take back a job given away."""
         return self.heartbeat_ttl
 
     def prepare_execution(self, job: Job) -> Execution:
-        execution = super().prepare_execution(job)
-        if self.runtime is not None:
-            self.runtime.execution = execution.composite_key
+        """Remembers the running job's execution: RQ 3 keeps a worker's executions in a dict,
+        and a handed-off job's stays there while the next one runs."""
+        execution = self._running_execution = super().prepare_execution(job)
         return execution
 
-    def maintain_heartbeats(self, job: Job) -> None:
-        self._heartbeat(job, self.execution)
-
-    def _heartbeat(self, job: Job, execution: Execution | None) -> None:
-        """The worker's, the execution's and the job's heartbeats; the execution only if it is
-        still in the started registry (``XX``), so a worker back from a stall cannot take its
-        job back from the worker that has it now."""
-        if execution is None:
-            return
-        ttl = self.get_heartbeat_ttl(job)
-        with self.connection.pipeline() as pipe:
-            self.heartbeat(self.worker_ttl, pipeline=pipe)
-            execution.heartbeat(job.started_job_registry, ttl, pipeline=pipe)
-            job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
-            pipe.execute()
-
-    def owns(self, job: Job, execution: Execution | None = None) -> bool:
-        """Is this worker's execution of ``job`` still the one in the started registry?"""
-        execution = execution or self.execution
+    def owns(self, job: Job, execution: Execution | None) -> bool:
+        """Is this worker's ``execution`` of ``job`` still the one in the started registry?"""
         if execution is None:
             return False
         return self.connection.zscore(job.started_job_registry.key, execution.composite_key) is not None
@@ -256,17 +239,18 @@ class DiffqWorker(SimpleWorker):
         """The heartbeat of a job whose images are in the writer, while it still is this worker's."""
         pending = self._pending
         if pending is not None and self.owns(pending.job, pending.execution):
-            self._heartbeat(pending.job, pending.execution)
+            self.maintain_heartbeats(pending.job, pending.execution)
 
     def _keep_current_job(self) -> None:
         job = self._running
         if job is None:
             self.heartbeat(self.worker_ttl)  # idle or paused: still alive, for producer status
             return
-        if self.execution is None or self._lost == job.id:
+        execution = self._running_execution
+        if execution is None or self._lost == job.id:
             return
-        if self.owns(job):
-            self.maintain_heartbeats(job)
+        if self.owns(job, execution):
+            self.maintain_heartbeats(job, execution)
             return
         self._lost = job.id
         log.warning(
@@ -317,11 +301,6 @@ class DiffqWorker(SimpleWorker):
         job = self._running
         doing = f"finishing job {job.id}, then exiting" if job is not None else "exiting"
         log.warning("%s: warm shutdown, %s (again for a cold one)", signal_name, doing)
-        try:
-            self._shutdown_requested_date = now()
-            self.set_shutdown_requested_date()
-        except redis.RedisError as exc:
-            log.warning("could not tell Redis of the shutdown (%s); exiting all the same", exc.__class__.__name__)
 
     def stop_now(self, why: str) -> None:
         """A cold stop (a second signal, or the launcher gone): the job goes back at the front of
@@ -361,15 +340,35 @@ class DiffqWorker(SimpleWorker):
         """The job this worker runs now, and its queue (both None between jobs)."""
         return self._running, self._running_queue
 
-    def give_back(self, job: Job, queue: Queue, reason: str, *, at_front: bool = True) -> None:
-        """End this worker's execution of ``job`` and put the job back, retries untouched."""
+    def give_back(
+        self, job: Job, queue: Queue, reason: str, *, execution: Execution | None = None, at_front: bool = True
+    ) -> None:
+        """End this worker's execution of ``job`` (the running one unless told) and put the job
+        back, retries untouched."""
         with self.connection.pipeline() as pipe:
-            self.cleanup_execution(job, pipeline=pipe)
+            self.cleanup_execution(job, pipeline=pipe, execution=execution or self._running_execution)
             pipe.execute()
         give_back(queue, job, reason, at_front=at_front)
 
+    def job_context(self) -> JobContext:
+        """What the running job gets from this worker (see :mod:`worker.serving.context`)."""
+        assert self.runtime is not None and self._running_execution is not None
+        return JobContext(
+            self.runtime,
+            execution=self._running_execution.composite_key,
+            hand_off=self._hand_off if self._writer is not None else None,
+            between_steps=self._pump,
+        )
+
+    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
+        """RQ's, inside this job's context (what the job function reads its worker from)."""
+        if self.runtime is None:
+            return super().perform_job(job, queue, execution)
+        with running(self.job_context()):
+            return super().perform_job(job, queue, execution)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
-        self._running, self._running_queue = job, queue
+        self._running, self._running_queue, self._handed = job, queue, None
         try:
             super().execute_job(job, queue)
         except redis.RedisError as exc:
@@ -379,12 +378,13 @@ class DiffqWorker(SimpleWorker):
                         job.id, exc.__class__.__name__)  # fmt: skip
             raise SystemExit(EXIT_COLD if self._cold else EXIT_REDIS_GONE) from None
         finally:
-            self._running = self._running_queue = None
-            if self.runtime is not None:
-                self.runtime.execution = None
+            self._running = self._running_queue = self._running_execution = None
         if self.exit_after_job is not None:
-            with suppress(Exception):
+            try:
                 self.finish_pending()
+            except redis.RedisError as exc:
+                log.warning("the job in the writer was not completed in RQ (%s); it comes back by its heartbeat",
+                            exc.__class__.__name__)  # fmt: skip
             raise SystemExit(self.exit_after_job)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
@@ -394,7 +394,7 @@ class DiffqWorker(SimpleWorker):
         exc = exc_info[1]
         if isinstance(exc, redis.RedisError) and WAY_OUT.closed():
             raise exc  # stopping with Redis gone: nothing to record (execute_job says so)
-        if isinstance(exc, JobLost) or not self.owns(job):
+        if isinstance(exc, JobLost) or not self.owns(job, self._execution_of(job)):
             self._lost = job.id
             return
         if isinstance(exc, WorkerUnavailable):
@@ -406,48 +406,61 @@ class DiffqWorker(SimpleWorker):
             again = f" (the same reason {times} times so far)" if times > 1 else ""
             log.error("job %s failed: %s%s", job.id, failure.reason, again)
         log.debug("job %s failed", job.id, exc_info=exc_info)  # rq-dashboard shows it too (exc_info)
-        for handler in self._exc_handlers:
-            if handler(job, *exc_info) is False:
-                break
+        record_failure(job, *exc_info)
+
+    def _execution_of(self, job: Job) -> Execution | None:
+        pending = self._pending
+        if pending is not None and pending.job.id == job.id:
+            return pending.execution
+        return self._running_execution
 
     def handle_job_failure(
-        self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
+        self,
+        job: Job,
+        queue: Queue,
+        started_job_registry: Any = None,
+        exc_string: str = "",
+        execution: Execution | None = None,
     ) -> None:
         exc = sys.exc_info()[1]  # RQ calls this inside its ``except`` block
         if self._lost == job.id:
             log.warning("job %s belongs to another worker now; recorded nothing", job.id)
             with self.connection.pipeline() as pipe:
-                self.cleanup_execution(job, pipeline=pipe)
+                self.cleanup_execution(job, pipeline=pipe, execution=execution)
                 pipe.execute()
             return
         if isinstance(exc, WorkerUnavailable):
-            self._unavailable(job, queue, exc)
+            self._unavailable(job, queue, exc, execution)
             return
         self._give_backs = 0
         # the one-line reason first: rq-dashboard shows this text as the job's exception
         reason = job.meta.get("error")
         if reason and exc_string:
             exc_string = f"{reason}\n\n{exc_string}"
-        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
+        super().handle_job_failure(
+            job, queue, started_job_registry=started_job_registry, exc_string=exc_string, execution=execution
+        )
 
-    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any) -> None:
-        if isinstance(job._result, Handed):  # the writer has its tail: completed in finish_pending
-            assert self.execution is not None and self._pending is None
-            self._pending = Pending(job, queue, started_job_registry, self.execution, job._result.future)
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any, execution: Execution) -> None:
+        handed, self._handed = self._handed, None
+        if handed is not None:  # the writer has its tail: completed in finish_pending
+            self._pending = Pending(job, queue, started_job_registry, execution, handed)
             return
         self._give_backs = 0
-        super().handle_job_success(job, queue, started_job_registry)
+        super().handle_job_success(job, queue, started_job_registry, execution)
         keep = self.runtime.settings.keep_finished if self.runtime else 0
-        with suppress(redis.RedisError):  # bookkeeping only: the job is done and recorded
+        try:
             retire_finished(self.connection, queue.name, keep)
+        except redis.RedisError as exc:  # bookkeeping only: the job is done and recorded
+            log.warning("finished jobs of %s not trimmed (%s); the next job trims them", queue.name, exc)
 
-    def _unavailable(self, job: Job, queue: Queue, exc: WorkerUnavailable) -> None:
+    def _unavailable(self, job: Job, queue: Queue, exc: WorkerUnavailable, execution: Execution | None) -> None:
         if isinstance(exc, NotServedHere):
-            self.give_back(job, queue, f"{self.name}: {exc}", at_front=False)  # for other workers
+            self.give_back(job, queue, f"{self.name}: {exc}", execution=execution, at_front=False)  # for others
             self._give_backs += 1
             log.info("job %s given back: %s", job.id, exc)
             return
-        self.give_back(job, queue, f"given back by {self.name}: {exc}")
+        self.give_back(job, queue, f"given back by {self.name}: {exc}", execution=execution)
         if isinstance(exc, OutputUnavailable) and exc.output:
             endpoint = self.runtime.settings.s3_endpoint_url if self.runtime else ""
             output, needed = exc.output, exc.needed
@@ -461,9 +474,11 @@ class DiffqWorker(SimpleWorker):
         the worker alive. Said once in the log, and kept in Redis for ``producer status``."""
         self.paused = Pause(reason, probe, since=time.time(), next_probe=time.monotonic() + 1.0)
         log.error("paused, jobs stay queued: %s", reason)
-        with suppress(Exception):
+        try:
             self.set_state(WorkerStatus.SUSPENDED)
             self._publish_state()
+        except redis.RedisError as exc:
+            log.warning("the pause is not shown in Redis yet (%s); the keeper tries again", exc.__class__.__name__)
 
     def _wait_out_pause(self) -> bool:
         """Probe until the pause is over (True), or a stop is asked for (False)."""
@@ -484,17 +499,22 @@ class DiffqWorker(SimpleWorker):
             log.warning("resumed after %.0fs: %s", time.time() - pause.since,
                              "the output folder can take jobs again")  # fmt: skip
             self.paused = pause = None
-            with suppress(Exception):
+            try:
                 self._publish_state()
+            except redis.RedisError as exc:
+                log.warning("the end of the pause is not shown in Redis yet (%s); the keeper tries again",
+                            exc.__class__.__name__)  # fmt: skip
         return True
 
     # -- overlap: a job's tail on the writer while the next one runs ---------------------------
 
-    def _hand_off(self, tail: Tail) -> Handed:
-        """Called by the job function once its images are made: at most one tail in the writer."""
+    def _hand_off(self, tail: Tail) -> dict[str, Any]:
+        """Called by the job function once its images are made: at most one tail in the writer.
+        Returns the dict the tail fills, which the job function returns as its result."""
         self.finish_pending()
         assert self._writer is not None
-        return self._writer.submit(tail)
+        result, self._handed = self._writer.submit(tail)
+        return result
 
     def _pump(self) -> None:
         """Between two denoising steps: complete the previous job if its tail is done. A Redis
@@ -515,45 +535,26 @@ class DiffqWorker(SimpleWorker):
         if pending is None:
             return
         wait([pending.future])  # the keeper heartbeats the job meanwhile
-        self._pending = None
-        with self._acting_for(pending.execution):
+        with self._executions:  # self._pending stays set meanwhile: its job's execution is asked for
+            job, queue, registry, execution = pending.job, pending.queue, pending.registry, pending.execution
             try:
-                pending.job._result = pending.future.result()
+                pending.future.result()  # the job's result is the dict it filled
             except Exception:  # handle_job_failure reads the exception from sys.exc_info()
-                pending.job._status = JobStatus.FAILED
                 exc_info = sys.exc_info()
                 exc_string = "".join(traceback.format_exception(*exc_info))
-                self.handle_exception(pending.job, *exc_info)
-                self.handle_job_failure(
-                    pending.job, pending.queue, started_job_registry=pending.registry, exc_string=exc_string
-                )
+                self.handle_exception(job, *exc_info)
+                self.handle_job_failure(job, queue, registry, exc_string, execution=execution)
             else:
-                self.handle_job_success(pending.job, pending.queue, pending.registry)
+                self.handle_job_success(job, queue, registry, execution)
+            finally:
+                self._pending = None
 
     def give_back_pending(self, reason: str) -> None:
         """A cold stop: the job in the writer goes back to the front of its queue. Whatever the
         writer records after this is fenced out; the files it finished are kept by the retry."""
         pending, self._pending = self._pending, None
         if pending is not None and self._lost != pending.job.id:
-            with self._acting_for(pending.execution, timeout=1.0):
-                self.give_back(pending.job, pending.queue, reason)
-
-    @contextmanager
-    def _acting_for(self, execution: Execution, timeout: float = -1) -> Iterator[None]:
-        """RQ's success and failure handlers work on ``self.execution``: point it at the handed-off
-        job's execution meanwhile (the keeper waits), then back at the running job's."""
-        locked = self._executions.acquire(timeout=timeout)
-        current = self.execution
-        self.execution = execution
-        try:
-            yield
-        finally:
-            self.execution = current
-            if self._running is not None:  # RQ's cleanup cleared the worker's current job
-                with suppress(redis.RedisError):
-                    self.set_current_job_id(self._running.id)
-            if locked:
-                self._executions.release()
+            self.give_back(pending.job, pending.queue, reason, execution=pending.execution)
 
     # -- waiting for work -------------------------------------------------------------------
 

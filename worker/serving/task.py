@@ -1,6 +1,6 @@
 """The RQ job function: turn one chunk spec into images on disk, recorded exactly once.
 
-``run_job`` reads as its steps: validate → plan (skip what is done, keep what an interrupted
+``perform`` reads as its steps: validate → plan (skip what is done, keep what an interrupted
 attempt wrote) → check space → get the warm pipeline and adapter → run the batch → write the
 files → record. It is idempotent: every output name comes from the content hash, and the
 record step is fenced (see :mod:`common.ledger`): a worker that lost its job while it was
@@ -48,8 +48,10 @@ from worker.output.images import (
 )
 from worker.output.objects import drop_part, existing, part_bytes, prepare_store, put_all
 from worker.pipelines.generate import BatchResult
-from worker.serving import runtime
+from worker.serving import context
+from worker.serving.context import JobContext
 from worker.serving.failures import refused_here
+from worker.serving.runtime import Runtime
 
 log = logging.getLogger("diffq.worker")
 
@@ -114,9 +116,14 @@ def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[
     }
 
 
-def run_job(spec: dict[str, Any]) -> Any:
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The function RQ calls: the job's code gets the worker's context as its first argument."""
+    return perform(context.current(), spec)
+
+
+def perform(ctx: JobContext, spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    rt = runtime.current()
+    rt = ctx.runtime
     job = get_current_job()
     conn: redis.Redis | None = job.connection if job is not None else None
     queue_name = job.origin if job is not None else rt.settings.queue
@@ -140,16 +147,16 @@ def run_job(spec: dict[str, Any]) -> Any:
         if isinstance(output, Path):
             check_space(output, len(plan.todo) * (chunk.params.width * chunk.params.height * 3 + PNG_OVERHEAD))
         # 4. Generate
-        batch = _generate(rt, chunk, plan, progress, timings)
+        batch = _generate(ctx, chunk, plan, progress, timings)
     # 5. and 6. on the writer thread while the next job denoises, where the worker has one
-    tail = partial(_tail, rt, job, rt.execution, queue_name, chunk, output, plan, batch, progress, timings, started)
-    if plan.todo and rt.hand_off is not None and job is not None:
-        return rt.hand_off(tail)
+    tail = partial(_tail, rt, job, ctx.execution, queue_name, chunk, output, plan, batch, progress, timings, started)
+    if plan.todo and ctx.hand_off is not None and job is not None:
+        return ctx.hand_off(tail)
     return tail()
 
 
 def _tail(
-    rt: runtime.Runtime,
+    rt: Runtime,
     job: Job | None,
     execution: str | None,
     queue_name: str,
@@ -241,9 +248,10 @@ def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Pat
 
 
 def _generate(
-    rt: runtime.Runtime, chunk: JobSpec, plan: Plan, progress: _Progress, timings: dict[str, float]
+    ctx: JobContext, chunk: JobSpec, plan: Plan, progress: _Progress, timings: dict[str, float]
 ) -> BatchResult:
     """The warm pipeline (loaded once per worker), this chunk's adapter, one batch."""
+    rt = ctx.runtime
     params = chunk.params
     model = f"model {params.model!r}"
     rt.breaker.check(model)
@@ -278,7 +286,7 @@ def _generate(
         negatives=[item.negative_prompt for _, item, _ in plan.todo],
         seeds=[item.seed + index for _, item, index in plan.todo],
         max_batch=limit,
-        on_step=lambda step, steps: _on_step(rt, progress, step, steps),
+        on_step=lambda step, steps: _on_step(ctx, progress, step, steps),
         on_progress=lambda text: progress.update(force=True, loading=text),
     )
     if fitted < len(plan.todo):
@@ -292,10 +300,9 @@ def _generate(
     return result
 
 
-def _on_step(rt: runtime.Runtime, progress: _Progress, step: int, steps: int) -> None:
+def _on_step(ctx: JobContext, progress: _Progress, step: int, steps: int) -> None:
     progress.update(step=step, steps=steps)
-    if rt.pump is not None:
-        rt.pump()  # the previous job's tail may be done: complete it in RQ
+    ctx.between_steps()  # the previous job's tail may be done: the worker completes it in RQ
 
 
 def _save(
