@@ -49,3 +49,25 @@ def test_to_pil_gives_diffusers_postprocess_byte_for_byte(dtype):
     assert [im.mode for im in ours] == [im.mode for im in expected] == ["RGB"] * 3
     for got, want in zip(ours, expected, strict=True):
         assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("force_upcast", [True, False])
+def test_an_oom_inside_decode_leaves_the_vae_in_its_own_dtype(cache_dir, force_upcast):
+    """The next batch must find the VAE as the worker set it (fp16), not in the fp32 the failed
+    decode switched it to: a worker that splits the batch after an OOM would otherwise decode
+    every later batch in fp32, slower and in twice the memory."""
+    pipe = StableDiffusionXLPipeline.from_pretrained(ensure_tiny(cache_dir))
+    pipe.vae.to(dtype=torch.float16)
+    pipe.vae.register_to_config(force_upcast=force_upcast)
+    latents = torch.full((1, 4, 8, 8), float("inf") if not force_upcast else 0.0, dtype=torch.float16)
+    calls = []
+
+    def out_of_memory(*args, **kwargs):
+        calls.append(pipe.vae.dtype)
+        raise torch.OutOfMemoryError("CUDA out of memory (test)")
+
+    pipe.vae.decode = out_of_memory
+    with pytest.raises(torch.OutOfMemoryError):
+        decode(pipe, latents)
+    assert calls == [torch.float32] if force_upcast else calls == [torch.float16]
+    assert pipe.vae.dtype == torch.float16

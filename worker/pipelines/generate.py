@@ -264,16 +264,17 @@ def to_pil(processor: Any, image: torch.Tensor) -> list[Image.Image]:
 def decode(pipe: Any, latents: torch.Tensor) -> torch.Tensor:
     """The SDXL pipeline's decode, plus a finite check when the VAE runs in fp16 by choice."""
     vae = pipe.vae
-    upcast = vae.dtype == torch.float16 and vae.config.force_upcast
-    if upcast:
-        vae.to(dtype=torch.float32)
-    scaled = unscale(vae, latents.to(next(iter(vae.post_quant_conv.parameters())).dtype))
-    image = vae.decode(scaled, return_dict=False)[0]
-    if upcast:
-        vae.to(dtype=torch.float16)
-    elif vae.dtype == torch.float16 and not torch.isfinite(image).all():
-        log.warning("fp16 VAE decode overflowed; decoding this batch in fp32 (set a fixed VAE or drop vae-fp16)")
-        vae.to(dtype=torch.float32)
-        image = vae.decode(unscale(vae, latents.float()), return_dict=False)[0]
-        vae.to(dtype=torch.float16)
-    return image
+    dtype = vae.dtype
+    try:  # an OOM in a decode must not leave the VAE in fp32 for the rest of the worker's life
+        if dtype == torch.float16 and vae.config.force_upcast:
+            vae.to(dtype=torch.float32)
+        scaled = unscale(vae, latents.to(next(iter(vae.post_quant_conv.parameters())).dtype))
+        image = vae.decode(scaled, return_dict=False)[0]
+        if vae.dtype == torch.float16 and not torch.isfinite(image).all():
+            log.warning("fp16 VAE decode overflowed; decoding this batch in fp32 (set a fixed VAE or drop vae-fp16)")
+            vae.to(dtype=torch.float32)
+            image = vae.decode(unscale(vae, latents.float()), return_dict=False)[0]
+        return image
+    finally:
+        if vae.dtype != dtype:
+            vae.to(dtype=dtype)
