@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-compose image image-py311 lint format clean
+.PHONY: install demo test test-fast test-workers test-compose image image-py311 lint format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -31,9 +31,13 @@ demo: install
 test: install
 	$(BIN)/pytest -q
 
-# every module's pure logic and one end-to-end run, in about a minute; `make test` is the whole suite
+# every module's logic against real Redis and S3, no worker process (docs/testing.md); `make test` is the whole suite
 test-fast: install
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow and not worker"
+
+# the end-to-end runs through real worker processes that are not slow
+test-workers: install
+	$(BIN)/pytest -q -m "worker and not slow"
 
 # The shipped image and compose file, built and run on a real Docker engine on this host's CPU
 # (tests/compose). Starts the engine with the shared script when `docker info` fails; the image

@@ -48,6 +48,7 @@ def free_port() -> int:
 def drive(redis_url: str, name: str) -> None:
     from PIL import Image
 
+    import worker.output.destination as destination
     import worker.serving.task as task
     from common.errors import PermanentJobError
     from common.queues import connect, get_queue
@@ -76,8 +77,8 @@ def drive(redis_url: str, name: str) -> None:
             image = Image.new("RGB", (8, 8))
             return BatchResult([image] * len(prompts), 0.0, 0.0, 0.0), len(prompts)
 
-    def no_save(chunk, plan, images, output, timings):
-        return [task._item_record(chunk, item, key, index) for key, item, index in plan.todo]
+    def no_save(run, images):
+        return [task._item_record(run.chunk, item, key, index) for key, item, index in run.plan.todo]
 
     class NoLines:
         size = 0
@@ -89,7 +90,7 @@ def drive(redis_url: str, name: str) -> None:
             pass
 
     task._save = no_save
-    task.locked_metadata = lambda output: contextlib.nullcontext(NoLines())
+    destination.locked_metadata = lambda output: contextlib.nullcontext(NoLines())
     settings = Settings.load(redis_url=redis_url, retry_backoff="1")
     conn = connect(redis_url)
     rt = Runtime(settings, StubBackend(), worker_name=name)

@@ -29,12 +29,14 @@ and reads the file from that offset instead of writing them twice.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from common.rq_keys import rq_names
+from common.queues import RECENT_WINDOW_S, enqueued_key, images_key, intents_key, items_key, recent_key
+from common.rq_keys import queue_key, rq_names, started_registry_key
 
 DONE = "done"
 REDO_PREFIX = "r:"
@@ -156,10 +158,19 @@ class Begun:
 
 
 class Ledger:
-    """The three scripts, registered once per connection."""
+    """One queue's ledger: the three scripts, registered once per connection, and every key
+    they touch, diffq's (``diffq:<queue>:*``) and RQ's (named by rq, :mod:`common.rq_keys`).
+    Callers pass what changes, never a key name."""
 
-    def __init__(self, conn: redis.Redis) -> None:
+    def __init__(self, conn: redis.Redis, queue: str) -> None:
         self.conn = conn
+        self.queue = queue
+        self.items_key = items_key(queue)
+        self.intents_key = intents_key(queue)
+        self.images_key = images_key(queue)
+        self.enqueued_key = enqueued_key(queue)
+        self.recent_key = recent_key(queue)
+        self.started_key = started_registry_key(queue)
         self._claim = conn.register_script(CLAIM)
         self._begin = conn.register_script(BEGIN)
         self._commit = conn.register_script(COMMIT)
@@ -167,12 +178,6 @@ class Ledger:
     def claim(
         self,
         *,
-        items_key: str,
-        queue_key: str,
-        job_key: str,
-        queues_key: str,
-        enqueued_key: str,
-        images_key: str,
         job_id: str,
         keys: list[str],
         redo: list[int],
@@ -194,36 +199,32 @@ class Ledger:
             *images,
             *job_fields,
         ]
-        keys_ = [items_key, queue_key, job_key, queues_key, enqueued_key, images_key]
+        keys_ = [
+            self.items_key,
+            queue_key(self.queue),
+            rq.job_prefix + job_id,
+            rq.queues_key,
+            self.enqueued_key,
+            self.images_key,
+        ]
         return self._claim(keys=keys_, args=args, client=client)
 
-    def begin(
-        self, *, started_key: str, items_key: str, intents_key: str, member: str, offset: int, keys: list[str]
-    ) -> list[Begun] | None:
+    def begin(self, *, member: str, offset: int, keys: list[str]) -> list[Begun] | None:
         """Check ownership and note the append offset; None if this execution lost the job."""
-        out = self._begin(keys=[started_key, items_key, intents_key], args=[member, offset, *keys])
+        out = self._begin(keys=[self.started_key, self.items_key, self.intents_key], args=[member, offset, *keys])
         if out == -1:
             return None
         return [Begun(state.decode(), int(intent) if intent else None) for state, intent in out]
 
     def commit(
-        self,
-        *,
-        started_key: str,
-        items_key: str,
-        intents_key: str,
-        images_key: str,
-        recent_key: str,
-        member: str,
-        now: float,
-        window_start: float,
-        recent_member: str,
-        images: dict[str, int],
+        self, *, member: str, images: dict[str, int], recent_member: str, now: float | None = None
     ) -> int | None:
-        """Mark the items done and count their images; None if this execution lost the job."""
+        """Mark the items done and count their images; None if this execution lost the job.
+        ``recent_member`` goes into the window of recent jobs that status computes rates from."""
+        now = time.time() if now is None else now
         pairs = [v for key, count in images.items() for v in (key, count)]
         out = self._commit(
-            keys=[started_key, items_key, intents_key, images_key, recent_key],
-            args=[member, now, window_start, recent_member, *pairs],
+            keys=[self.started_key, self.items_key, self.intents_key, self.images_key, self.recent_key],
+            args=[member, now, now - RECENT_WINDOW_S, recent_member, *pairs],
         )
         return None if out == -1 else int(out)

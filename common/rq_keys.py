@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from rq.job import Job, JobStatus
-from rq.registry import FinishedJobRegistry
+from rq.queue import Queue
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.results import Result
 
 
@@ -21,6 +22,8 @@ class RqNames:
     job_prefix: str
     #: a job's results stream is this plus its id (``Result.get_key``)
     results_prefix: str
+    #: the set of all queues' keys (``Queue.redis_queues_keys``)
+    queues_key: str
     #: statuses after which a job runs no more. Every other status, rq 3's ``created``,
     #: ``rate_limited`` and ``ready_to_enqueue`` and any later one included, counts as live:
     #: an item of a live job is never queued again.
@@ -38,6 +41,7 @@ def rq_names() -> RqNames:
     assert job_key.endswith(job_id) and results_key.endswith(job_id)
     ended = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
     return RqNames(
+        queues_key=Queue.redis_queues_keys,
         job_prefix=job_key[: -len(job_id)],
         results_prefix=results_key[: -len(job_id)],
         ended=frozenset(status.value for status in ended),
@@ -47,3 +51,13 @@ def rq_names() -> RqNames:
 def finished_registry_key(queue: str) -> str:
     """RQ's finished registry of ``queue`` (no connection needed to name it)."""
     return FinishedJobRegistry(queue, connection=None).key  # type: ignore[arg-type]
+
+
+def started_registry_key(queue: str) -> str:
+    """RQ's started registry of ``queue``: the executions running now, fenced on by the ledger."""
+    return StartedJobRegistry(queue, connection=None).key  # type: ignore[arg-type]
+
+
+def queue_key(queue: str) -> str:
+    """The list RQ pops ``queue``'s job ids from."""
+    return Queue.redis_queue_namespace_prefix + queue

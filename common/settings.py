@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -46,12 +47,6 @@ ENV_NAMES: dict[str, str] = {
     "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
     "group_timeout": "DIFFQ_GROUP_TIMEOUT",
     "overlap_save": "DIFFQ_OVERLAP_SAVE",
-    "fault_oom_above": "DIFFQ_FAULT_OOM_ABOVE",
-    "fault_fail_attempts": "DIFFQ_FAULT_FAIL_ATTEMPTS",
-    "fault_block_decode": "DIFFQ_FAULT_BLOCK_DECODE",
-    "fault_group_rank": "DIFFQ_FAULT_GROUP_RANK",
-    "fault_group_hang": "DIFFQ_FAULT_GROUP_HANG",
-    "fault_hold_writer": "DIFFQ_FAULT_HOLD_WRITER",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -103,19 +98,6 @@ class Settings:
     data_parallel_degree: int = 1
     #: seconds a rank waits for the others inside a job before the group exits
     group_timeout: int = 300
-    # -- tests only: fault injection (worker/faults.py), all off by default
-    #: tests only: the UNet raises CUDA's out-of-memory error for batches above this many images
-    fault_oom_above: int = -1
-    #: tests only: the first N attempts of every job fail with a transient error
-    fault_fail_attempts: int = 0
-    #: tests only: before decoding, hold the main thread in one C call this big (a square matrix side)
-    fault_block_decode: int = 0
-    #: tests only, groups: ``RANK:TEXT`` makes that rank fail every batch whose prompts contain TEXT
-    fault_group_rank: str = ""
-    #: tests only, groups: ``RANK:FILE`` makes that rank hang in its first batch (FILE records it)
-    fault_group_hang: str = ""
-    #: tests only: the writer holds each job's images until this file exists (a stalled disk)
-    fault_hold_writer: str = ""
 
     @staticmethod
     def visible_devices() -> list[str] | None:
@@ -226,3 +208,50 @@ def point_compile_cache_at(cache_dir: str | Path) -> Path:
     target = Path(cache_dir) / "inductor"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(target)
     return target
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """What torchrun tells each process it starts (its own variable names, not ``DIFFQ_*``),
+    read once by :func:`torchrun`. Outside torchrun: rank 0 of a world of 1, no store."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    #: torchrun's key-value store; empty outside torchrun
+    master_addr: str = ""
+    master_port: int = 0
+    #: torchrun's agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE``): no rank is its master
+    agent_store: bool = False
+    #: ``--max-restarts`` round and run id: a restarted rank's keys are kept apart from the dead ones'
+    restart_count: str = "0"
+    run_id: str = "none"
+
+    @property
+    def has_store(self) -> bool:
+        return bool(self.master_addr and self.master_port)
+
+
+@cache
+def torchrun() -> Torchrun:
+    env = os.environ
+
+    def number(name: str, default: int) -> int:
+        raw = env.get(name, "")
+        if not raw:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number (torchrun sets it)") from None
+
+    return Torchrun(
+        rank=number("RANK", 0),
+        world_size=number("WORLD_SIZE", 1),
+        local_rank=number("LOCAL_RANK", 0),
+        master_addr=env.get("MASTER_ADDR", ""),
+        master_port=number("MASTER_PORT", 0),
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        restart_count=env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
+    )

@@ -25,7 +25,7 @@ from common.errors import ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
 from common.ledger import DONE, MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger
 from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
-from common.queues import TASK_FUNC, enqueued_key, get_queue, images_key, items_key, seen_key
+from common.queues import TASK_FUNC, get_queue, items_key, seen_key
 from common.settings import Settings
 from common.storage import Store, is_url, local_path, problem
 from producer.metadata import recorded_names
@@ -176,7 +176,7 @@ class Enqueuer:
     def __init__(self, conn: redis.Redis, queue_name: str, options: EnqueueOptions) -> None:
         self.conn = conn
         self.queue: Queue = get_queue(queue_name, conn, lean=True)
-        self.ledger = Ledger(conn)
+        self.ledger = Ledger(conn, self.queue.name)
         self.items_key = items_key(queue_name)
         self.options = options
         self.report = EnqueueReport()
@@ -370,12 +370,6 @@ class Enqueuer:
             fields += [name, value if isinstance(value, bytes | str) else str(value)]
         self.ledger.claim(
             client=pipe,
-            items_key=self.items_key,
-            queue_key=self.queue.key,
-            job_key=job.key,
-            queues_key=self.queue.redis_queues_keys,
-            enqueued_key=enqueued_key(self.queue.name),
-            images_key=images_key(self.queue.name),
             job_id=jid,
             keys=keys,
             redo=[self._redo.get(key, MAKE) for key in keys],

@@ -125,8 +125,27 @@ def producer(*args: str) -> Result:
 TINY_FLAGS = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "3")
 
 
+_running_test: list[pytest.Item] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running_test[:] = [item]
+
+
+def _worker_tier() -> None:
+    """A test that starts a worker process is in the ``worker`` (or ``slow``) tier: ``make
+    test-fast`` starts none, so it stays fast on a loaded machine."""
+    item = _running_test[0] if _running_test else None
+    if item is not None and not (item.get_closest_marker("worker") or item.get_closest_marker("slow")):
+        raise AssertionError(f"{item.nodeid} starts a worker process: mark it @pytest.mark.worker")
+
+
 def worker_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "worker", *args]
+    if args and args[0] in ("run", "launch"):
+        _worker_tier()
+    # the shipped CLI, wrapped so a test can ask for a fault or a hold (tests/held_worker.py)
+    return [sys.executable, str(ROOT / "tests" / "held_worker.py"), *args]
 
 
 def run_worker(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

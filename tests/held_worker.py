@@ -1,4 +1,6 @@
-"""``worker`` with test-only holds, run as ``python tests/held_worker.py run ...``.
+"""``worker`` with test-only holds and faults, run as ``python tests/held_worker.py run ...``
+(the tests' ``worker_cmd`` runs every worker this way; with none of the variables below set, it
+is the shipped worker).
 
 A stop matrix needs a worker caught in one state while a signal lands: loading a model, or
 with a job's images in the writer. The product has no switch for that; this wrapper patches
@@ -10,6 +12,7 @@ the two places before the real CLI runs, so the worker under test is otherwise t
   exists, after its images are written (a disk that fills up in between).
 - ``HELD_STATE=<file>``: written (``loading`` / ``writing`` / ``recording``) when the worker
   reaches the hold.
+- ``DIFFQ_FAULT_*``: the faults of :mod:`faults`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def hold(flag: str, state: str) -> None:
@@ -71,7 +75,10 @@ def install() -> None:
 
 
 if __name__ == "__main__":
+    from faults import install_worker_faults
+
     install()
+    install_worker_faults()
     from worker.cli import main
 
     main()

@@ -4,19 +4,22 @@ must not fails here, not in a review."""
 from __future__ import annotations
 
 import ast
+import re
 
 from conftest import ROOT
 
-#: room -> prefixes its modules must never import
-FORBIDDEN = {
-    "common": ("producer", "worker", "torch", "diffusers"),
-    "producer": ("worker", "torch", "diffusers"),
-    "worker/output": ("worker.serving", "worker.pipelines", "worker.supervision", "worker.group", "torch"),
-    "worker/pipelines": ("worker.serving", "worker.supervision", "worker.group", "producer"),
-    "worker/serving": ("worker.group", "producer"),
-    "worker/supervision": ("worker.pipelines", "worker.serving", "worker.group", "torch", "diffusers"),
-    "worker/group/follower.py": ("worker.group.leader", "rq", "redis"),
-}
+
+def forbidden() -> dict[str, tuple[str, ...]]:
+    """room -> modules it must never import, read from docs/architecture.md's table: the rule the
+    page states is the rule this test checks."""
+    rules: dict[str, tuple[str, ...]] = {}
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rules[cells[0].strip("`")] = tuple(re.findall(r"`([\w.]+)`", cells[2]))
+    assert len(rules) >= 7 and all(rules.values()), rules
+    return rules
 
 
 def imports(path) -> set[str]:
@@ -31,7 +34,7 @@ def imports(path) -> set[str]:
 
 def test_every_room_keeps_to_its_imports():
     broken = []
-    for room, never in FORBIDDEN.items():
+    for room, never in forbidden().items():
         files = [ROOT / room] if room.endswith(".py") else sorted((ROOT / room).rglob("*.py"))
         assert files, room
         for path in files:
@@ -42,10 +45,21 @@ def test_every_room_keeps_to_its_imports():
 
 
 def test_only_the_settings_module_reads_the_environment():
-    allowed = {"common/settings.py", "worker/group/comm.py", "worker/group/cli.py"}  # torchrun's own RANK, ...
+    allowed = {"common/settings.py"}  # torchrun's RANK, WORLD_SIZE, MASTER_* too (settings.torchrun)
     readers = []
     for path in sorted((*ROOT.glob("common/*.py"), *ROOT.glob("producer/*.py"), *ROOT.rglob("worker/**/*.py"))):
         text = path.read_text()
         if ("os.environ.get(" in text or "os.getenv(" in text) and str(path.relative_to(ROOT)) not in allowed:
             readers.append(str(path.relative_to(ROOT)))
     assert readers == []
+
+
+def test_no_fault_injection_in_the_product():
+    """Faults are test wrappers around the shipped worker (tests/faults.py), never a setting."""
+    found = []
+    for path in sorted((*ROOT.glob("common/**/*.py"), *ROOT.glob("producer/**/*.py"), *ROOT.glob("worker/**/*.py"))):
+        text = path.read_text()
+        if re.search(r"\bfault_|DIFFQ_FAULT|InjectedFault", text):
+            found.append(str(path.relative_to(ROOT)))
+    assert found == []
+    assert "DIFFQ_FAULT" not in (ROOT / ".env.example").read_text()

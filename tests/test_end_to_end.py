@@ -15,6 +15,9 @@ from rq.serializers import JSONSerializer
 
 from common.queues import get_queue
 
+#: every test here drains its queue with a real worker process
+pytestmark = pytest.mark.worker
+
 QUEUE = "e2e"
 
 

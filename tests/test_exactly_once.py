@@ -85,19 +85,17 @@ def test_two_copies_of_a_job_popped_at_once_record_once(env, conn, tmp_path):
 
 def test_a_worker_that_lost_its_job_records_nothing(conn, tmp_path):
     """The fence itself: BEGIN and COMMIT refuse an execution that is not in the started registry."""
-    ledger = Ledger(conn)
-    keys = {"started_key": "rq:wip:q", "items_key": items_key("q"), "intents_key": intents_key("q")}
+    ledger = Ledger(conn, "q")
     conn.hset(items_key("q"), "k1", "dqjob")
-    assert ledger.begin(**keys, member="dqjob:stale", offset=0, keys=["k1"]) is None
-    conn.zadd("rq:wip:q", {"dqjob:current": 9e9})
-    begun = ledger.begin(**keys, member="dqjob:current", offset=123, keys=["k1"])
+    assert ledger.begin(member="dqjob:stale", offset=0, keys=["k1"]) is None
+    conn.zadd(ledger.started_key, {"dqjob:current": 9e9})
+    begun = ledger.begin(member="dqjob:current", offset=123, keys=["k1"])
     assert begun is not None and begun[0].state == "dqjob" and begun[0].intent is None
     assert conn.hget(intents_key("q"), "k1") == b"123"
-    common = {"images_key": "n", "recent_key": "r", "now": 1.0, "window_start": 0.0, "recent_member": "j:1"}
-    assert ledger.commit(**keys, **common, member="dqjob:stale", images={"k1": 2}) is None
-    assert conn.hget(items_key("q"), "k1") == b"dqjob" and conn.get("n") is None
-    assert ledger.commit(**keys, **common, member="dqjob:current", images={"k1": 2}) == 2
-    assert ledger.commit(**keys, **common, member="dqjob:current", images={"k1": 2}) == 0  # counted once
+    assert ledger.commit(member="dqjob:stale", images={"k1": 2}, recent_member="j:1") is None
+    assert conn.hget(items_key("q"), "k1") == b"dqjob" and conn.get(images_key("q")) is None
+    assert ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1") == 2
+    assert ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1") == 0  # counted once
     assert conn.hget(items_key("q"), "k1") == b"done" and conn.hget(intents_key("q"), "k1") is None
 
 

@@ -20,6 +20,9 @@ from common.naming import METADATA_FILE
 from common.storage import Store
 from producer.export import MANIFEST, ExportOptions, export
 
+#: every test here drains its queue with a real worker process
+pytestmark = pytest.mark.worker
+
 ROWS = """prompt,adapter,num_images
 a red fox in snow,,1
 a red fox in snow,tiny-dora,1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY_FLAGS, images_under, producer, run_worker, write_csv
+from faults import InjectedFault
 from rq.exceptions import DeserializationError
 from rq.job import Job
 from rq.registry import FailedJobRegistry
@@ -14,7 +15,6 @@ from rq.timeouts import JobTimeoutException
 
 from common.errors import AdapterNotFound, InvalidJobSpec, ModelLoadError, OutOfMemory, OutputNotWritable
 from common.queues import get_queue
-from worker.faults import InjectedFault
 from worker.serving.failures import classify
 
 

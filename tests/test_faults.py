@@ -24,6 +24,7 @@ from conftest import (
     running_job,
     start_worker,
     wait_for,
+    worker_cmd,
 )
 from rq.job import Job
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
@@ -111,7 +112,7 @@ def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn
     assert "Traceback" not in (tmp_path / "w.log").read_text()
 
     drain = subprocess.run(
-        [sys.executable, "-m", "worker", "run", "--burst", "--device", "cpu"],
+        worker_cmd("run", "--burst", "--device", "cpu"),
         env=env,
         cwd=ROOT,
         timeout=240,

@@ -34,7 +34,7 @@ TIMEOUT_S = 10
 def torchrun(*args: str, ranks: int = 2, restarts: int = 0) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-        "--max-restarts", str(restarts), "-m", "worker.group", "--model", "tiny", "--device", "cpu",
+        "--max-restarts", str(restarts), str(ROOT / "tests" / "held_group.py"), "--model", "tiny", "--device", "cpu",
         "--timeout", str(TIMEOUT_S), *args,
     ]  # fmt: skip
 

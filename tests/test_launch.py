@@ -44,6 +44,7 @@ def test_gpus_all_means_the_gpus_this_process_may_use():
     assert [s.visible for s in parse_gpus("cpu", [])] == [""]
 
 
+@pytest.mark.worker
 def test_launch_under_a_given_cuda_visible_devices_pins_each_worker_to_one_of_them(env, conn):
     given = {**env, "CUDA_VISIBLE_DEVICES": "2,5"}
     proc = subprocess.run(worker_cmd("launch", "--gpus", "all", "--burst"), env=given, cwd=ROOT,

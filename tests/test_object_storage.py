@@ -36,9 +36,13 @@ from common.errors import OutputUnavailable
 from common.jobspec import JobSpec
 from common.ledger import Ledger
 from common.queues import get_queue, images_key
+from common.settings import Settings
 from common.storage import Store
 from producer.status import collect
+from worker.output.destination import Bucket
 from worker.output.objects import existing
+from worker.serving.context import JobContext
+from worker.serving.runtime import Runtime
 
 
 def prompts(tmp_path, n: int, name: str = "p.csv"):
@@ -68,6 +72,7 @@ def assert_exactly_once_in_bucket(server: S3Server, bucket: str, expected: int) 
     assert sorted(set(names)) == sorted(images)
 
 
+@pytest.mark.worker
 def test_a_run_to_s3_writes_every_image_once_and_a_rerun_adds_nothing(env, conn, tmp_path, s3_server, bucket):
     path = prompts(tmp_path, 6)
     url = f"s3://{bucket}/out"
@@ -241,8 +246,8 @@ def test_an_execution_that_loses_its_job_while_writing_its_part_withdraws_it(
     execution = f"{job.id}:exec1"
     conn.zadd(job.started_job_registry.key, {execution: 9e9})
     chunk = JobSpec.from_dict(job.kwargs["spec"])
-    store = Store(url, s3_server.endpoint)
-    plan = task._plan(conn, "diffq", chunk, store)
+    bucket_out = Bucket(url, Store(url, s3_server.endpoint))
+    plan = task._plan(conn, "diffq", chunk, bucket_out)
     records = [task._item_record(chunk, item, key, i) for key, item, i in plan.todo]
     real_commit = Ledger.commit
 
@@ -253,7 +258,8 @@ def test_an_execution_that_loses_its_job_while_writing_its_part_withdraws_it(
 
     monkeypatch.setattr(Ledger, "commit", taken_away_then_commit)
     with pytest.raises(task.JobLost, match="withdrawn"):
-        task._record(conn, "diffq", job, execution, chunk, plan, store, records, 0.0)
+        ctx = JobContext(Runtime(Settings.load(), pipelines=None), execution=execution)  # type: ignore[arg-type]
+        task._record(task.Run(ctx, job, chunk, bucket_out, plan, task._Progress(None, 0)), records)
     assert not [k for k in s3_objects(s3_server, bucket, "out/") if k.startswith("out/metadata/")]
     assert conn.get(images_key("diffq")) is None  # nothing counted
 

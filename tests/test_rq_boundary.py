@@ -127,13 +127,7 @@ def test_an_item_is_queued_again_only_when_its_job_has_ended(conn: redis.Redis, 
     any status but an ended one is taken, and a second CLAIM queues nothing."""
     conn.hset(items_key("b"), "item", "owner")
     conn.hset(Job.key_for("owner"), "status", status)
-    taken = Ledger(conn).claim(
-        items_key=items_key("b"),
-        queue_key="rq:queue:b",
-        job_key=Job.key_for("second"),
-        queues_key="rq:queues",
-        enqueued_key="diffq:b:enqueued",
-        images_key="diffq:b:images",
+    taken = Ledger(conn, "b").claim(
         job_id="second",
         keys=["item"],
         redo=[0],

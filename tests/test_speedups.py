@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import worker_cmd
 
 from common.errors import ConfigError
 from common.jobspec import GenParams
@@ -125,11 +126,12 @@ def test_a_non_finite_fp8_batch_is_denoised_again_in_fp16(cache_dir):
         assert np.array_equal(pixels(got), pixels(want))
 
 
+@pytest.mark.worker
 def test_fp8_is_refused_at_start_up_off_hopper_in_one_line(env):
     with pytest.raises(ConfigError, match="needs an NVIDIA Hopper GPU"):
         Speedups.parse("fp8", torch.device("cpu"))
     run = subprocess.run(
-        [sys.executable, "-m", "worker", "run", "--device", "cpu", "--speedups", "fp8", "--burst"],
+        worker_cmd("run", "--device", "cpu", "--speedups", "fp8", "--burst"),
         env=env,
         capture_output=True,
         text=True,

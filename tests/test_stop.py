@@ -34,6 +34,7 @@ from conftest import (
     producer,
     running_job,
     wait_for,
+    worker_cmd,
 )
 
 from common.queues import paused_key
@@ -164,7 +165,7 @@ def run_matrix(env: dict[str, str], server: RedisServer, tmp_path: Path, small_d
     (small_disk / "filler").unlink()
     drain = [
         subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", "--burst", "--device", "cpu", "--queue", c.state],
+            worker_cmd("run", "--burst", "--device", "cpu", "--queue", c.state),
             env=env,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,

@@ -6,6 +6,6 @@
 - ``output/``: writing images and metadata;
 - ``supervision/``: the per-GPU launcher and GPU leases;
 - ``group/``: xDiT worker groups under torchrun;
-- ``cli.py`` (the ``worker`` command), ``task.py`` (the queued jobs' address), ``faults.py``
-  (fault injection for tests, off unless a ``DIFFQ_FAULT_*`` setting asks).
+- ``cli.py`` (the ``worker`` command), ``task.py`` (the queued jobs' address). Fault injection
+  lives in the tests (``tests/faults.py``), which wrap the shipped worker.
 """

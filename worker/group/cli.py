@@ -11,7 +11,6 @@ lost a rank (its job was re-queued; torchrun ``--max-restarts`` or compose resta
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from typing import Any
 import click
 
 from common.errors import DiffqError
-from common.settings import Settings, redact
+from common.settings import Settings, redact, torchrun
 from worker.group.config import DEFAULT_TIMEOUT_S, GroupLayout
 
 #: the key rank 0 sets in torchrun's store once it has printed a start-up mistake
@@ -38,7 +37,8 @@ log = logging.getLogger("diffq.group")
 
 
 def _rank() -> tuple[int, int]:
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    run = torchrun()
+    return run.rank, run.world_size
 
 
 def _fail(exc: DiffqError, rank: int) -> None:
@@ -49,24 +49,29 @@ def _fail(exc: DiffqError, rank: int) -> None:
     if rank == 0:
         click.echo(f"error: {exc}", err=True)
         if store is not None:
-            with contextlib.suppress(Exception):
+            try:
                 store.set(SAID_KEY, "1")
+            except (RuntimeError, OSError) as why:  # the other ranks wait SAID_WAIT_S, then exit
+                log.warning("could not tell the other ranks the error was said: %s", why)
     elif store is not None:
-        with contextlib.suppress(Exception):
+        try:
             store.wait([SAID_KEY], timedelta(seconds=SAID_WAIT_S))
+        except (RuntimeError, OSError) as why:  # rank 0 did not say it in time: exit all the same
+            log.debug("rank %d: rank 0 did not report the error in %ss: %s", rank, SAID_WAIT_S, why)
     sys.exit(exc.exit_code)
 
 
 def _launcher_store() -> Any:
     """torchrun's key-value store (``MASTER_ADDR:MASTER_PORT``), or None outside torchrun."""
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not host or not port:
+    run = torchrun()
+    if not run.has_store:
         return None
     try:
         from torch.distributed import TCPStore
 
-        return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=SAID_WAIT_S))
-    except Exception:
+        return TCPStore(run.master_addr, run.master_port, is_master=False, timeout=timedelta(seconds=SAID_WAIT_S))
+    except (RuntimeError, OSError) as why:  # the error is said all the same, by every rank
+        log.debug("torchrun's store at %s:%s did not answer: %s", run.master_addr, run.master_port, why)
         return None
 
 
@@ -141,7 +146,7 @@ def main(**opts: Any) -> None:
 
 
 def _serve(settings: Settings, layout: GroupLayout, model: str, opts: dict[str, Any], rank: int, world: int) -> int:
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    gpus = ",".join(Settings.visible_devices() or [])
     logging.basicConfig(
         level=settings.log_level, format=f"%(asctime)s group rank={rank}/{world} %(levelname)s %(message)s"
     )
@@ -167,12 +172,6 @@ def _serve(settings: Settings, layout: GroupLayout, model: str, opts: dict[str, 
         publish_pid()
         control = Control(layout.timeout_s)
         engine = RankEngine(settings, layout, rank, world)
-        fault = settings.fault_group_rank
-        if fault.partition(":")[0] == str(rank):
-            engine.fail_marker = fault.partition(":")[2] or "fail"
-        hang = settings.fault_group_hang
-        if hang.partition(":")[0] == str(rank):
-            engine.hang_once = hang.partition(":")[2]
         if rank == 0:
             log.info("xDiT group of %d rank(s): %s; model %s", world, layout.describe(), model)
         started = time.perf_counter()

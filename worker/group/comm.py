@@ -17,6 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from common.settings import torchrun
+
 #: seconds between rank 0's pings while the queue is empty
 PING_INTERVAL_S = 5.0
 #: exit status of every rank when one died or went silent (the supervisor starts the group again)
@@ -52,26 +54,20 @@ def init_world(backend: str, timeout_s: float, store_timeout_s: float = 1800) ->
     Its keys live under a prefix of torchrun's run id and restart count: torchrun keeps one
     store across ``--max-restarts``, and a restarted rank must not find the addresses its dead
     predecessors published there (it would try to connect to them and fail)."""
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", "0"))
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    run = torchrun()
     store = dist.TCPStore(
-        host,
-        port,
-        world,
-        is_master=not agent and rank == 0,
+        run.master_addr or "127.0.0.1",
+        run.master_port,
+        run.world_size,
+        is_master=not run.agent_store and run.rank == 0,
         timeout=timedelta(seconds=store_timeout_s),
         multi_tenant=True,
     )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     dist.init_process_group(
         backend=backend,
-        store=dist.PrefixStore(f"diffq/{run_id}/{attempt}/", store),
-        rank=rank,
-        world_size=world,
+        store=dist.PrefixStore(f"diffq/{run.run_id}/{run.restart_count}/", store),
+        rank=run.rank,
+        world_size=run.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
 
@@ -129,4 +125,4 @@ def local_peers() -> list[int]:
 
 
 def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    return torchrun().local_rank

@@ -16,9 +16,7 @@ How an image is split, by model family:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,6 @@ import torch.distributed as dist
 from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.settings import Settings
-from worker.faults import InjectedFault
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
 from worker.pipelines.cache import LoadedPipeline, PipelineCache
@@ -59,8 +56,6 @@ class RankEngine:
             speedups = GROUP_CUDA_DEFAULT
         self.pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, speedups)
         self.loaded: LoadedPipeline | None = None
-        self.fail_marker = ""  # tests: this rank raises on prompts containing it
-        self.hang_once = ""  # tests: this rank hangs in its first batch unless this file exists
         self.cfg_group: Any = None
         if layout.cfg_parallel:
             # every rank creates every pair's group, in the same order, before anyone loads
@@ -187,12 +182,6 @@ class RankEngine:
         assert self.loaded is not None
         params = GenParams(**work["params"])
         prompts: list[str] = work["prompts"]
-        if self.fail_marker and any(self.fail_marker in p for p in prompts):
-            raise InjectedFault(f"injected fault on rank {self.rank} (DIFFQ_FAULT_GROUP_RANK)")
-        if self.hang_once and not Path(self.hang_once).exists():
-            Path(self.hang_once).touch()
-            log.warning("rank %d: injected hang (DIFFQ_FAULT_GROUP_HANG), like a CUDA wait on a dead peer", self.rank)
-            time.sleep(600)
         span = dp_slice(len(prompts), self.layout.data_parallel_degree, self.dp_rank)
         if not span:
             return None
