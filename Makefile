@@ -15,6 +15,9 @@ install: $(VENV)/.installed
 	@command -v openssl >/dev/null || { \
 	  echo "installing openssl from Debian's packages (the TLS test makes a certificate)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openssl >/dev/null; }
+	@command -v chromium >/dev/null || { \
+	  echo "installing chromium from Debian's packages (the dashboard test renders its pages)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \

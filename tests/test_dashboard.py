@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -62,6 +63,13 @@ def test_workers_page_shows_the_running_job(env, conn, tmp_path):
         assert "step " in page["description"] and page["status"] == "started"
         refused = get(f"http://127.0.0.1:{port}/job/{job.id}/delete", data=b"")
         assert refused == {"status": "DISABLED"}
+
+        # in a browser: the Workers page's script renders the running job with its progress
+        page = rendered(f"http://diffq:s3cret@127.0.0.1:{port}/0/view/workers", tmp_path)
+        shown = r"diffq-gpu0-test 'shown on the dashboard' · 1 img · 64x64 · .*? · step \d+/\d+ · 0/1 img"
+        row = re.search(shown, page)
+        assert row is not None, page[:3000]
+        assert "Python RQ version: 3." in page
 
         # rq-dashboard on its own, with --json, fails on the same page while the job runs
         plain_port = free_port()
@@ -122,3 +130,16 @@ def test_a_job_page_shows_progress_in_words_and_no_requeue_for_a_permanent_failu
     assert page["status"].startswith("failed (permanent")  # rq-dashboard shows Requeue only for "failed"
     retryable = readable_job({"status": "failed", "metadata": json.dumps({"error": "x", "permanent": False})})
     assert retryable["status"] == "failed"
+
+
+def rendered(url: str, tmp_path: Path) -> str:
+    """The page's DOM after its scripts ran, from headless Chromium (Debian's ``chromium``)."""
+    out = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'chromium'}",
+         "--virtual-time-budget=8000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = re.sub(r"<script.*?</script>", " ", out.stdout, flags=re.S)  # what shows, not the templates
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text))
