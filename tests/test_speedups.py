@@ -307,6 +307,7 @@ TINY_FLUX = {
 }  # fmt: skip
 
 
+@pytest.mark.slow  # torch.compile of a FLUX transformer on the CPU: half a minute on a busy box
 def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel():
     """The DiT path of ``compile-blocks`` (xDiT groups run FLUX): each repeated block compiled
     regionally, the images those of the eager pipeline, and a second batch builds no graph."""
