@@ -66,7 +66,8 @@ def drive(redis_url: str, name: str) -> None:
         def use_adapter(self, loaded, adapter, scale):
             pass
 
-        def generate(self, loaded, params, prompts, negatives, seeds, max_batch, on_step=None):
+        def generate(self, loaded, batch, on_step=None, on_progress=None):
+            prompts = batch.prompts
             tag = hashlib.sha256("".join(prompts).encode()).digest()
             job = task.get_current_job()
             first = job is None or int(job.meta.get("attempts", 1)) == 1

@@ -17,6 +17,7 @@ from conftest import worker_cmd
 from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS as CUDA_DEFAULT
+from worker.pipelines.backend import Batch
 from worker.pipelines.cache import PipelineCache
 from worker.pipelines.generate import run_batch
 from worker.pipelines.speedups import Speedups
@@ -35,9 +36,8 @@ def job(cache: PipelineCache, n: int, adapter=None, scale=1.0, max_batch=4, hear
     params = GenParams(**{**PARAMS.__dict__, "adapter": adapter, "adapter_scale": scale})
     prompts = [f"a red fox {i}" for i in range(n)]
     on_progress = heard.append if heard is not None else None
-    result, _ = cache.generate(
-        loaded, params, prompts, [""] * n, list(range(7, 7 + n)), max_batch=max_batch, on_progress=on_progress
-    )
+    batch = Batch(params, prompts, [""] * n, list(range(7, 7 + n)), max_batch=max_batch)
+    result, _ = cache.generate(loaded, batch, on_progress=on_progress)
     return result
 
 
@@ -226,12 +226,13 @@ def test_an_empty_negative_prompt_is_all_zero_rows_and_fp8_scales_have_a_floor_f
 COMPILE_SCRIPT = """
 import sys
 from torch._dynamo.utils import counters
+from worker.pipelines.backend import Batch
 from worker.pipelines.cache import PipelineCache
 from common.jobspec import GenParams
 cache = PipelineCache(sys.argv[1], device="cpu", speedups="compile-blocks")
 loaded, _ = cache.get("tiny")
 params = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
-result, _ = cache.generate(loaded, params, ["a red fox"] * 4, [""] * 4, [1, 2, 3, 4], max_batch=4)
+result, _ = cache.generate(loaded, Batch(params, ["a red fox"] * 4, [""] * 4, [1, 2, 3, 4], max_batch=4))
 print("hits", counters["inductor"]["fxgraph_cache_hit"], "misses", counters["inductor"]["fxgraph_cache_miss"])
 """
 
@@ -264,13 +265,14 @@ NO_COMPILER_SCRIPT = """
 import sys
 import torch._inductor.config as inductor
 inductor.cpp.cxx = ("/nonexistent-cc",)  # what a slim image without gcc looks like to Inductor
+from worker.pipelines.backend import Batch
 from worker.pipelines.cache import PipelineCache
 from common.jobspec import GenParams
 cache = PipelineCache(sys.argv[1], device="cpu", speedups="compile-blocks")
 loaded, _ = cache.get("tiny")
 params = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
 for n in (2, 3):
-    result, _ = cache.generate(loaded, params, ["a red fox"] * n, [""] * n, list(range(n)), max_batch=4)
+    result, _ = cache.generate(loaded, Batch(params, ["a red fox"] * n, [""] * n, list(range(n)), max_batch=4))
     print("images", len(result.images), "levers", cache.speedups.describe())
 """
 

@@ -22,10 +22,10 @@ from rq.job import Job
 from rq.queue import Queue
 
 from common.errors import DiffqError, ModelLoadError, PermanentJobError
-from common.jobspec import GenParams
 from common.processes import alive
 from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost
 from worker.group.engine import RankEngine
+from worker.pipelines.backend import Batch
 from worker.pipelines.cache import LoadedPipeline
 from worker.pipelines.generate import BatchResult
 from worker.serving.rqworker import DiffqWorker
@@ -73,19 +73,16 @@ class GroupPipelines:
     def generate(
         self,
         loaded: LoadedPipeline,
-        params: GenParams,
-        prompts: list[str],
-        negatives: list[str],
-        seeds: list[int],
-        max_batch: int,
+        batch: Batch,
         on_step: Any = None,
         on_progress: Any = None,  # the group compiles nothing at run time: nothing to report
     ) -> tuple[BatchResult, int]:
+        prompts, max_batch = batch.prompts, batch.max_batch
         work = {
-            "params": asdict(params),
+            "params": asdict(batch.params),
             "prompts": prompts,
-            "negatives": negatives,
-            "seeds": seeds,
+            "negatives": batch.negatives,
+            "seeds": batch.seeds,
             "max_batch": max_batch,
         }
         answers = self._round(Command("batch", work), lambda: self.engine.run(work, on_step))

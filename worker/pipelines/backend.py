@@ -6,10 +6,23 @@ ranks (:class:`~worker.group.leader.GroupPipelines`). Both implement this; the j
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common.jobspec import GenParams
 from worker.pipelines.generate import BatchResult
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One chunk's images to make: the settings they share and, per image, its prompt, negative
+    prompt and seed; run in batches of at most ``max_batch`` (what fitted in memory so far)."""
+
+    params: GenParams
+    prompts: list[str]
+    negatives: list[str]
+    seeds: list[int]
+    max_batch: int
 
 
 class GenerationBackend(Protocol):
@@ -28,11 +41,7 @@ class GenerationBackend(Protocol):
     def generate(
         self,
         loaded: Any,
-        params: GenParams,
-        prompts: list[str],
-        negatives: list[str],
-        seeds: list[int],
-        max_batch: int,
+        batch: Batch,
         on_step: Callable[[int, int], None] | None = None,
         on_progress: Callable[[str | None], None] | None = None,
     ) -> tuple[BatchResult, int]:

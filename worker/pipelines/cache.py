@@ -26,6 +26,7 @@ from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import point_compile_cache_at
 from worker.pipelines import models
 from worker.pipelines.adapters import MergedAdapters
+from worker.pipelines.backend import Batch
 from worker.pipelines.generate import BatchResult, run_batch, run_split
 from worker.pipelines.loading import download_progress
 from worker.pipelines.speedups import COMPILE_LEVERS, Speedups, graphs_compiled, warm_up
@@ -160,16 +161,15 @@ class PipelineCache:
     def generate(
         self,
         loaded: LoadedPipeline,
-        params: GenParams,
-        prompts: list[str],
-        negatives: list[str],
-        seeds: list[int],
-        max_batch: int,
+        batch: Batch,
         on_step: Callable[[int, int], None] | None = None,
         on_progress: Callable[[str | None], None] | None = None,
     ) -> tuple[BatchResult, int]:
         """A job's images from this process's pipeline. An xDiT group's rank 0 implements the same
         :class:`~worker.pipelines.backend.GenerationBackend` call over every rank (:mod:`worker.group`)."""
+        params, prompts, negatives, seeds, max_batch = (
+            batch.params, batch.prompts, batch.negatives, batch.seeds, batch.max_batch
+        )  # fmt: skip
         before = graphs_compiled()
         pad_to = None
         try:

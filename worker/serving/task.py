@@ -30,6 +30,7 @@ from common.ledger import DONE, Ledger
 from common.naming import image_relpath, item_key
 from common.queues import get_queue, items_key
 from worker.output.destination import Destination, open_destination
+from worker.pipelines.backend import Batch
 from worker.pipelines.generate import BatchResult
 from worker.serving import context
 from worker.serving.context import JobContext
@@ -256,13 +257,16 @@ def _generate(run: Run) -> BatchResult:
 
     shape = (params.model, params.width, params.height)
     limit = rt.batch_limits.get(shape, len(plan.todo))
-    result, fitted = rt.pipelines.generate(
-        loaded,
+    batch = Batch(
         params,
         prompts=[item.prompt for _, item, _ in plan.todo],
         negatives=[item.negative_prompt for _, item, _ in plan.todo],
         seeds=[item.seed + index for _, item, index in plan.todo],
         max_batch=limit,
+    )
+    result, fitted = rt.pipelines.generate(
+        loaded,
+        batch,
         on_step=lambda step, steps: _on_step(ctx, progress, step, steps),
         on_progress=lambda text: progress.update(force=True, loading=text),
     )
