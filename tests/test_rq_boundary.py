@@ -32,9 +32,8 @@ OVERRIDES = {
     "DiffqWorker._install_signal_handlers": "RQ's handlers raise in the main thread, which may sit in a "
     "CUDA call for seconds: a watcher thread hears signals at once and gives the job back (signals.py)",
     "DiffqWorker.get_heartbeat_ttl": "documented hook: a short TTL, so a dead worker's job is back in seconds",
-    "DiffqWorker.prepare_execution": "remember the running job's execution: RQ 3 keeps several per worker, "
-    "and the handed-off job's is one of them",
-    "DiffqWorker.perform_job": "RQ's, inside the job's context (what the job function gets from its worker)",
+    "DiffqWorker.prepare_execution": "remember the running job's execution (RQ 3 keeps several per worker, "
+    "and the handed-off job's is one of them) and give the job its context, which names it",
     "DiffqWorker.execute_job": "RQ's, plus: Redis gone on the way out ends the process with its own status",
     "DiffqWorker.bootstrap": "RQ's, plus the keeper thread (heartbeats during a job, recovery, retries due)",
     "DiffqWorker.teardown": "RQ's, plus the writer's last job completed, every Redis call bounded",

@@ -277,6 +277,7 @@ for n in (2, 3):
 """
 
 
+@pytest.mark.worker  # a process of its own that loads the pipeline, as a worker does
 def test_a_worker_that_cannot_compile_runs_its_jobs_eagerly_and_says_why_once(tmp_path, cache_dir):
     """torch.compile needs a C compiler (and Python headers for Triton on GPUs): a worker without
     them must not fail the queue's jobs. The first job's compile fails for real here (Inductor

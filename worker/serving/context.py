@@ -3,7 +3,7 @@
 arq passes a ``ctx`` to every job function; RQ calls a job function with the job's own
 arguments only. diffq does what RQ does for ``get_current_job()``: the worker makes a
 :class:`JobContext` for each job and sets it in a context variable for exactly the length of
-that job (:func:`running`); :func:`worker.serving.task.run_job`, the function RQ calls, reads
+that job (:func:`enter`, :func:`leave`); :func:`worker.serving.task.run_job`, the function RQ calls, reads
 it once and passes it down as the first argument of everything else (``perform(ctx, spec)``).
 Nothing is installed into a module, and the job function never reaches back into the worker
 except through the two callables the worker put in the context for this job.
@@ -16,9 +16,8 @@ workers' jobs and no fenced recording.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -54,14 +53,14 @@ class JobContext:
 _running: ContextVar[JobContext | None] = ContextVar("diffq_job_context", default=None)
 
 
-@contextmanager
-def running(ctx: JobContext) -> Iterator[JobContext]:
-    """Set by the worker around one job."""
-    token = _running.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _running.reset(token)
+def enter(ctx: JobContext) -> Token[JobContext | None]:
+    """The worker sets the job's context once its execution exists..."""
+    return _running.set(ctx)
+
+
+def leave(token: Token[JobContext | None]) -> None:
+    """...and takes it away when the job is over, whatever happened."""
+    _running.reset(token)
 
 
 def current() -> JobContext:

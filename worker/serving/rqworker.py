@@ -38,6 +38,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, wait
+from contextvars import Token
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -60,7 +61,8 @@ from common.queues import WAY_OUT, paused_key, retire_finished
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
-from worker.serving.context import JobContext, Tail, running
+from worker.serving import context
+from worker.serving.context import JobContext, Tail
 from worker.serving.failures import classify, record_failure
 from worker.serving.overlap import Pending, Writer
 from worker.serving.recovery import give_back, requeue_abandoned
@@ -152,6 +154,7 @@ class DiffqWorker(SimpleWorker):
         #: the running job's tail, once its job function handed it to the writer
         self._handed: Future[dict[str, Any]] | None = None
         self._writer = Writer() if runtime is not None and runtime.settings.overlap_save else None
+        self._context: Token[JobContext | None] | None = None
 
     # -- heartbeats and recovery ------------------------------------------------------------
 
@@ -162,9 +165,12 @@ class DiffqWorker(SimpleWorker):
         return self.heartbeat_ttl
 
     def prepare_execution(self, job: Job) -> Execution:
-        """Remembers the running job's execution: RQ 3 keeps a worker's executions in a dict,
-        and a handed-off job's stays there while the next one runs."""
+        """Remembers the running job's execution (RQ 3 keeps a worker's executions in a dict,
+        and a handed-off job's stays there while the next one runs), and gives the job its
+        context: it names this execution. :meth:`execute_job` takes the context away."""
         execution = self._running_execution = super().prepare_execution(job)
+        if self.runtime is not None:
+            self._context = context.enter(self.job_context())
         return execution
 
     def owns(self, job: Job, execution: Execution | None) -> bool:
@@ -360,13 +366,6 @@ class DiffqWorker(SimpleWorker):
             between_steps=self._pump,
         )
 
-    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
-        """RQ's, inside this job's context (what the job function reads its worker from)."""
-        if self.runtime is None:
-            return super().perform_job(job, queue, execution)
-        with running(self.job_context()):
-            return super().perform_job(job, queue, execution)
-
     def execute_job(self, job: Job, queue: Queue) -> None:
         self._running, self._running_queue, self._handed = job, queue, None
         try:
@@ -379,6 +378,9 @@ class DiffqWorker(SimpleWorker):
             raise SystemExit(EXIT_COLD if self._cold else EXIT_REDIS_GONE) from None
         finally:
             self._running = self._running_queue = self._running_execution = None
+            if self._context is not None:
+                context.leave(self._context)
+                self._context = None
         if self.exit_after_job is not None:
             try:
                 self.finish_pending()
