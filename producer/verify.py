@@ -40,6 +40,9 @@ from common.queues import images_key, items_key
 from common.storage import Store
 from producer.metadata import metadata_files, parse, read
 
+#: what Pillow raises for a cut or corrupt PNG (a truncated stream, a bad chunk, a bomb)
+BROKEN_IMAGE = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
 NAME = re.compile(r"images/([0-9a-f]{2})/([0-9a-f]{24})-(\d+)\.png")
 PNG_HEAD = b"\x89PNG\r\n\x1a\n"
 PNG_TAIL = b"\x00\x00\x00\x00IEND\xaeB`\x82"
@@ -288,7 +291,7 @@ def _decodes(blob: bytes) -> bool:
         with Image.open(BytesIO(blob)) as image:
             image.load()
         return True
-    except Exception:
+    except BROKEN_IMAGE:  # the finding itself: reported as a cut image
         return False
 
 
@@ -358,7 +361,7 @@ def chunk_record(blob: bytes) -> dict[str, Any] | None:
     try:
         with Image.open(BytesIO(blob)) as image:
             text = image.info.get("diffq")
-    except Exception:
+    except BROKEN_IMAGE:  # no line can be rebuilt from it: the caller queues its item again
         return None
     record = parse(text) if isinstance(text, str) else None
     return record if record and isinstance(record.get("file_name"), str) else None
