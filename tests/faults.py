@@ -8,8 +8,10 @@ the splitting code under test cannot tell the difference. Each fault is asked fo
 
 - ``DIFFQ_FAULT_OOM_ABOVE=N``: the UNet raises an OOM for batches of more than N images.
 - ``DIFFQ_FAULT_FAIL_ATTEMPTS=N``: a job's first N attempts raise a transient error.
-- ``DIFFQ_FAULT_BLOCK_DECODE=N``: before each batch, the main thread sits in one N² matrix
-  product, one long C call in which Python runs no signal handler (as a 4096² decode does).
+- ``DIFFQ_FAULT_BLOCK_DECODE=<file>``: before each batch, the main thread sits in one C call
+  (``pthread_mutex_lock`` on a mutex a helper thread holds) until ``<file>`` exists: Python runs
+  no signal handler meanwhile, as in a long VAE decode, and no machine is fast enough to leave
+  it early (a matrix product of fixed size took 5 s here and a fraction of a second elsewhere).
 - ``DIFFQ_FAULT_HOLD_WRITER=<file>``: a job's images are held until ``<file>`` exists.
 - ``DIFFQ_FAULT_GROUP_RANK=<rank>:<marker>``: that group rank raises on prompts with the marker.
 - ``DIFFQ_FAULT_GROUP_HANG=<rank>:<file>``: that rank hangs in its first batch unless the file
@@ -51,12 +53,28 @@ def install_oom_fault(pipe: Any, max_images: int) -> None:
     setattr(pipe.unet, _HOOKED, max_images)
 
 
-def block_in_c(size: int) -> None:
-    import torch
+def block_in_c(release: Path) -> None:
+    """Sit in ``pthread_mutex_lock`` (which never returns for a signal, EINTR included) on a
+    mutex that a helper thread holds until ``release`` exists; ctypes lets go of the GIL."""
+    import ctypes
+    import threading
 
-    a = torch.ones(size, size, dtype=torch.float64)
-    log.warning("fault: a %d² matrix product in one C call starts (DIFFQ_FAULT_BLOCK_DECODE)", size)
-    torch.mm(a, a)
+    libc = ctypes.CDLL(None, use_errno=True)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER on glibc
+    held = threading.Event()
+
+    def holder() -> None:
+        libc.pthread_mutex_lock(mutex)
+        held.set()
+        while not release.exists():
+            time.sleep(0.05)
+        libc.pthread_mutex_unlock(mutex)
+
+    threading.Thread(target=holder, name="fault-holder", daemon=True).start()
+    held.wait()
+    log.warning("fault: one C call starts and holds until %s exists (DIFFQ_FAULT_BLOCK_DECODE)", release)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_unlock(mutex)
     log.warning("fault: the C call returned")
 
 
@@ -91,7 +109,7 @@ def install_worker_faults() -> None:
             return real_save(*args, **kwargs)
 
         task._save = save
-    oom_above, block = env.get("DIFFQ_FAULT_OOM_ABOVE"), int(env.get("DIFFQ_FAULT_BLOCK_DECODE") or 0)
+    oom_above, block = env.get("DIFFQ_FAULT_OOM_ABOVE"), env.get("DIFFQ_FAULT_BLOCK_DECODE")
     if oom_above or block:
         from worker.pipelines.cache import PipelineCache
 
@@ -101,7 +119,7 @@ def install_worker_faults() -> None:
             if oom_above:
                 install_oom_fault(loaded.pipe, int(oom_above))
             if block:
-                block_in_c(block)
+                block_in_c(Path(block))
             return real_generate(self, loaded, *args, **kwargs)
 
         PipelineCache.generate = generate  # type: ignore[method-assign]
