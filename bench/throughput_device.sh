@@ -41,6 +41,9 @@ for phase in "$@"; do
       sort -t'|' -k2 -n -r $OUT/importtime-pyc.txt | head -12 >> $OUT/pyc.txt ;;
     regions)  # a compiled UNet step by region; the whole UNet and the VAE decoder compiled (bench/regions.py)
       timeout ${REGIONS_S:-400} python3 bench/regions.py --out $R --budget-s ${REGIONS_S:-400} 2>&1 | grep -v Warning > $OUT/regions.log ;;
+    levers)  # the whole UNet, one compile lever at a time: build time, call time, watts, SM clock (bench/unet_levers.py)
+      timeout ${LEVERS_S:-460} python3 bench/unet_levers.py --out $R --budget-s ${LEVERS_S:-460} ${LEVERS:+--variants $LEVERS} 2>&1 \
+        | grep -v Warning > $OUT/levers.log ;;
     base)  # matmul ceiling, FLOPs, plain pipe() per image, run_batch at batch 8, + vae-fp16
       (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1 &)
       timeout 150 python3 bench/pipeline.py --out $R --batches 8 --levers vae-fp16 --repeats 1 --budget-s ${BASE_BUDGET:-120} \
