@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-workers test-compose image image-py311 lint format clean
+.PHONY: install demo test test-all test-fast test-workers test-compose image image-py311 lint format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -31,10 +31,14 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	@bash examples/demo.sh
 
+# the suite CI runs: everything but the long variants (docs/testing.md); `make test-all` adds them
 test: install
+	$(BIN)/pytest -q -m "not long"
+
+test-all: install
 	$(BIN)/pytest -q
 
-# every module's logic against real Redis and S3, no worker process (docs/testing.md); `make test` is the whole suite
+# every module's logic against real Redis and S3, no worker process (docs/testing.md)
 test-fast: install
 	$(BIN)/pytest -q -m "not slow and not worker"
 

@@ -92,6 +92,7 @@ class Fleet:
         return [proc.wait(120) for proc in self.procs.values()]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_chaos_every_image_exactly_once(env, tmp_path, monkeypatch, aof_redis):
     rng = random.Random(SEED)

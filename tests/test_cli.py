@@ -93,6 +93,7 @@ def test_wait_gives_up_when_nothing_moves_and_says_why(env, conn, tmp_path):
     assert "error: queue 'diffq': nothing moved for 1s (no live worker); 1 job(s) left" in waited.output
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_dead_workers_leave_status_within_the_heartbeat_ttl(env, conn, tmp_path):
     env = {**env, "DIFFQ_HEARTBEAT_TTL": "6"}

@@ -67,6 +67,7 @@ def test_full_then_read_only_disk_pauses_the_worker_and_loses_no_job(env, conn, 
         kill(worker)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_model_no_worker_loads_fails_only_once_two_workers_failed_it_the_same_way(env, conn, tmp_path):
     bad = write_csv(tmp_path / "bad.csv", "prompt\n" + "".join(f"bad model {i}\n" for i in range(6)))

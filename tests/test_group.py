@@ -198,6 +198,7 @@ def _running(conn: redis.Redis, min_step: int = 3) -> Job | None:
     return None
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
@@ -229,6 +230,7 @@ def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
     print(f"rank 0 noticed the dead rank {noticed:.1f}s after SIGKILL")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
@@ -281,6 +283,7 @@ def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn
     assert conn.llen("rq:queue:diffq") == 1
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_with_redis_down_ends_every_rank_within_40s(
     env: dict[str, str], tmp_path: Path, aof_redis: RedisServer

@@ -129,6 +129,7 @@ def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
     assert _worker_pids(conn) == []
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_launch_stops_within_30s_of_sigterm_with_redis_down(env, tmp_path, aof_redis):
     """Stopping wins over Redis for the launcher too: its children give up on a dead Redis

@@ -47,6 +47,7 @@ def test_a_lease_is_exclusive_renewable_and_released(conn):
     assert conn.get(lease_key("h", "0")) is None
 
 
+@pytest.mark.long
 def test_scaled_workers_get_distinct_gpus_and_a_dead_holders_gpu_is_freed(env, conn, tmp_path):
     env = {**env, "DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0,1"}
     procs = [start_worker(env, tmp_path / f"w{i}.log") for i in range(3)]

@@ -16,6 +16,7 @@ JOBS = 200_000
 DRAIN = 200
 
 
+@pytest.mark.long
 def test_200k_jobs_fit_in_2kib_each_and_status_answers(env, conn, tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFQ_QUEUE", "load")
     path = tmp_path / "load.csv"

@@ -131,6 +131,7 @@ def test_the_producer_refuses_a_bad_s3_output_with_one_line(
     assert get_queue("diffq", conn).count == 0 and conn.hlen("diffq:diffq:items") == 0
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_worker_killed_mid_job_on_s3_loses_nothing_and_repeats_nothing(env, conn, tmp_path, s3_server, bucket):
     url = f"s3://{bucket}/out"
@@ -208,6 +209,7 @@ class Cuttable:
                     s.shutdown(socket.SHUT_RDWR)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_worker_that_loses_the_endpoint_pauses_and_resumes_without_failing_jobs(
     env, conn, tmp_path, s3_server, bucket

@@ -46,6 +46,7 @@ def test_enqueue_keeps_at_most_max_queued_jobs_and_waits_for_room(conn, tmp_path
     assert seen and max(seen) == 3  # it waited, and never with more than 3 queued
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_campaign_killed_while_waiting_for_room_resumes_with_every_image_once(env, conn, tmp_path):
     path = prompts(tmp_path, 24)

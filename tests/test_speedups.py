@@ -41,6 +41,7 @@ def job(cache: PipelineCache, n: int, adapter=None, scale=1.0, max_batch=4, hear
     return result
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_adapters(cache_dir):
     """The first job compiles one static graph per region at its batch size; tail chunks are
@@ -237,6 +238,7 @@ print("hits", counters["inductor"]["fxgraph_cache_hit"], "misses", counters["ind
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_restarted_worker_compiles_from_the_hosts_cache(tmp_path, cache_dir):
     """The first worker on a host compiles its graphs' kernels and leaves them under
@@ -310,6 +312,7 @@ TINY_FLUX = {
 }  # fmt: skip
 
 
+@pytest.mark.long
 @pytest.mark.slow  # torch.compile of a FLUX transformer on the CPU: half a minute on a busy box
 def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel():
     """The DiT path of ``compile-blocks`` (xDiT groups run FLUX): each repeated block compiled
@@ -336,6 +339,7 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
         assert np.array_equal(pixels(got), pixels(second))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(cache_dir):
     eager = PipelineCache(str(cache_dir), device="cpu", speedups="none")

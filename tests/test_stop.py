@@ -104,8 +104,15 @@ def wait_exit(cells: list[Cell], since: float, limit: float) -> None:
             cell.proc.wait(30)
 
 
-@pytest.mark.parametrize("signals", [1, 2], ids=["one-signal", "two-signals"])
-@pytest.mark.parametrize("redis_up", [True, False], ids=["redis-up", "redis-down"])
+@pytest.mark.parametrize(
+    ("redis_up", "signals"),
+    [  # make test keeps the hardest corner: Redis down and a second signal
+        pytest.param(True, 1, id="redis-up-one-signal", marks=pytest.mark.long),
+        pytest.param(True, 2, id="redis-up-two-signals", marks=pytest.mark.long),
+        pytest.param(False, 1, id="redis-down-one-signal", marks=pytest.mark.long),
+        pytest.param(False, 2, id="redis-down-two-signals"),
+    ],
+)
 def test_every_state_stops_in_time_and_every_image_is_made_once(env, tmp_path, small_disk, redis_up, signals):
     server = RedisServer(free_port(), tmp_path / "redis", extra=("--appendonly", "yes", "--appendfsync", "always"))
     server.dir.mkdir()
