@@ -3,8 +3,15 @@ run the real CLIs (in-process for the producer, as subprocesses for workers)."""
 
 from __future__ import annotations
 
-import json
 import os
+
+# OpenMP threads that wait for work sleep instead of spinning. On a loaded box a spinning
+# libgomp thread burns the slice its peer needs: the in-process torch tests took 3-6x their
+# CPU time at load 4 on 2 cores (the decode test 40.6 s, 13.6 s with this). Set before torch is
+# imported here or in a worker the tests start (they inherit it); OMP_* from the caller wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import json
 import shutil
 import signal
 import socket
