@@ -47,9 +47,11 @@ ENV_NAMES: dict[str, str] = {
     "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
     "group_timeout": "DIFFQ_GROUP_TIMEOUT",
     "overlap_save": "DIFFQ_OVERLAP_SAVE",
+    "compile_cache": "DIFFQ_COMPILE_CACHE",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -90,6 +92,10 @@ class Settings:
     #: write a job's images and record them on a writer thread while the next job denoises
     #: (worker/serving/overlap.py); 0 writes them before the job function returns
     overlap_save: bool = True
+    #: where torch.compile's artifacts are shared: ``local`` (this host's cache folder only),
+    #: ``redis`` (also the queue's Redis, so a new host of the fleet loads what another compiled)
+    #: or a redis:// URL of another Redis
+    compile_cache: str = "local"
     # -- xDiT groups (worker/group): how each image is split over the ranks; flags win
     ulysses_degree: int = 1
     ring_degree: int = 1
@@ -148,11 +154,22 @@ class Settings:
         self.retry_intervals()
         speedup_names(self.speedups)  # a typo is one line at start-up, before a GPU is leased
         scheme = urlsplit(self.redis_url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
+        if scheme not in REDIS_SCHEMES:
             raise ConfigError(
                 f"--redis-url {redact(self.redis_url)!r}: use redis://[user:password@]host:port/db or rediss://"
             )
+        if self.compile_cache not in ("local", "redis") and urlsplit(self.compile_cache).scheme not in REDIS_SCHEMES:
+            raise ConfigError(
+                f"--compile-cache {redact(self.compile_cache)!r}: use local, redis (the queue's Redis) "
+                "or a redis:// URL"
+            )
         return self
+
+    def compile_cache_url(self) -> str | None:
+        """The Redis that torch's remote compile caches use, or None for the local folder only."""
+        if self.compile_cache == "local":
+            return None
+        return self.redis_url if self.compile_cache == "redis" else self.compile_cache
 
     def retry_intervals(self) -> list[int]:
         try:

@@ -42,6 +42,11 @@ def run_options(func: Any) -> Any:
             help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)} "
             f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA, none on the CPU].",
         ),
+        click.option(
+            "--compile-cache",
+            help="local, redis (share compiled graphs through the queue's Redis: a new host of the fleet "
+            "loads them instead of compiling) or a redis:// URL [DIFFQ_COMPILE_CACHE; default local].",
+        ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
         click.option("--max-jobs", type=int, help="Exit after this many jobs."),
@@ -73,6 +78,7 @@ def run(**opts: Any) -> None:
             cache_dir=opts["cache_dir"],
             speedups=opts["speedups"],
             gpu_lease=opts["gpu_lease"],
+            compile_cache=opts["compile_cache"],
         )
         lease = None
         # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the lease)
@@ -137,7 +143,13 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     from worker.serving.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
     from worker.serving.runtime import Runtime
 
-    pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups)
+    pipelines = PipelineCache(
+        settings.cache_dir,
+        settings.device,
+        settings.dtype,
+        settings.speedups,
+        compile_cache=settings.compile_cache_url(),
+    )
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
     # force: a leasing worker configured logging before it knew its GPU (label "lease")
@@ -189,11 +201,17 @@ def launch(gpus: str, **opts: Any) -> None:
 
     try:
         slots = parse_gpus(gpus, Settings.visible_devices())
-        Settings.load(queue=opts["queue"], redis_url=opts["redis_url"], dtype=opts["dtype"], speedups=opts["speedups"])
+        Settings.load(
+            queue=opts["queue"],
+            redis_url=opts["redis_url"],
+            dtype=opts["dtype"],
+            speedups=opts["speedups"],
+            compile_cache=opts["compile_cache"],
+        )
     except DiffqError as exc:
         _fail(exc)
     run_args: list[str] = []
-    for name in ("queue", "redis_url", "dtype", "cache_dir", "speedups", "preload", "max_jobs"):
+    for name in ("queue", "redis_url", "dtype", "cache_dir", "speedups", "compile_cache", "preload", "max_jobs"):
         if opts[name] is not None:
             run_args += [f"--{name.replace('_', '-')}", str(opts[name])]
     if opts["burst"]:

@@ -54,7 +54,9 @@ class RankEngine:
         speedups = settings.speedups
         if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
             speedups = GROUP_CUDA_DEFAULT
-        self.pipelines = PipelineCache(settings.cache_dir, settings.device, settings.dtype, speedups)
+        self.pipelines = PipelineCache(
+            settings.cache_dir, settings.device, settings.dtype, speedups, compile_cache=settings.compile_cache_url()
+        )
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None
         if layout.cfg_parallel:

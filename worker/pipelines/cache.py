@@ -27,6 +27,7 @@ from common.settings import point_compile_cache_at
 from worker.pipelines import models
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
+from worker.pipelines.compile_cache import share_compile_cache
 from worker.pipelines.generate import BatchResult, run_batch, run_split
 from worker.pipelines.loading import download_progress
 from worker.pipelines.speedups import COMPILE_LEVERS, Speedups, graphs_compiled, warm_up
@@ -73,10 +74,19 @@ class PipelineCache:
     in fp16 is 5 GB, and a GPU serving one queue rarely needs two)."""
 
     def __init__(
-        self, cache_dir: str, device: str = "auto", dtype: str = "auto", speedups: str = "auto", max_models: int = 1
+        self,
+        cache_dir: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        speedups: str = "auto",
+        max_models: int = 1,
+        *,
+        compile_cache: str | None = None,
     ) -> None:
-        # compiled kernels persist beside the models, so a restarted worker skips most compile time
+        # compiled kernels persist beside the models, so a restarted worker skips most compile
+        # time; with a shared compile cache (a Redis URL) a new host finds them there too
         point_compile_cache_at(cache_dir)
+        share_compile_cache(compile_cache)
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)

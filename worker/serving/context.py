@@ -78,4 +78,11 @@ def _plain_runtime() -> Runtime:
         "diffq job run by a plain RQ worker: no heartbeats, no recovery of dead workers' jobs, no fenced "
         "recording; run `worker run` for those"
     )
-    return Runtime(settings, PipelineCache(settings.cache_dir, settings.device, settings.dtype, settings.speedups))
+    pipelines = PipelineCache(
+        settings.cache_dir,
+        settings.device,
+        settings.dtype,
+        settings.speedups,
+        compile_cache=settings.compile_cache_url(),
+    )
+    return Runtime(settings, pipelines)
