@@ -63,6 +63,20 @@ for phase in "$@"; do
       tag=${phase#start:}
       timeout 240 python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu ${START_IMAGES:-24} --timeout 230 \
         > $OUT/start-$tag.log 2>&1 ;;
+    fleet)  # compile once per fleet (--compile-cache redis): host A compiles into the queue's Redis with empty
+      # folders; host B, empty folders of its own, loads from Redis; then B again, its own folder now warm.
+      # The cache gets a Redis of its own (e2e_queue.py flushes the queue's before each run).
+      LD_LIBRARY_PATH="$PWD/.redis/usr/lib/x86_64-linux-gnu" /tmp/redis-bin/redis-server --port 6391 --bind 127.0.0.1 \
+        --save "" --appendonly no --daemonize yes --dir /tmp --logfile /tmp/redis-cache.log
+      grep -c TORCHINDUCTOR_REDIS_URL $(python3 -c "import torch._inductor.remote_cache as m; print(m.__file__)") \
+        | sed 's/^/TORCHINDUCTOR_REDIS_URL mentions in remote_cache.py: /' | tee -a $OUT/fleet.txt
+      for h in A B B; do
+        tag=fleet$h$( [ -d /tmp/host$h ] && echo warm )
+        DIFFQ_COMPILE_CACHE=redis://127.0.0.1:6391/0 TORCHINDUCTOR_CACHE_DIR=/tmp/host$h/inductor timeout 240 \
+          python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu ${START_IMAGES:-16} --timeout 230 > $OUT/$tag.log 2>&1
+        python3 -c "import redis; r = redis.Redis(port=6391); k = list(r.scan_iter('pt2:*')); \
+print('$tag: redis pt2 keys', len(k), 'bytes', sum(r.strlen(x) for x in k))" | tee -a $OUT/fleet.txt
+      done ;;
     serial)  # the defaults with overlap off (DIFFQ_OVERLAP_SAVE=0), a fresh worker on the warm cache
       DIFFQ_OVERLAP_SAVE=0 timeout 240 python3 bench/e2e_queue.py --out $R --tag serial --images-per-gpu 32 \
         --timeout 230 > $OUT/serial.log 2>&1 ;;
