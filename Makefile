@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-all test-fast test-workers test-compose image image-py311 lint format clean
+.PHONY: install demo test test-all test-fast test-workers test-compose test-slurm image image-py311 lint format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -68,6 +68,15 @@ image-py311: image
 
 test-compose: install image
 	$(BIN)/pytest -q tests/compose
+
+# Workers as Slurm jobs on a real slurmctld + slurmd + munged started on this machine (one node,
+# CPUs only; tests/slurm). Installs Debian's Slurm and munge when they are missing.
+test-slurm: install
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || { \
+	  echo "installing slurmctld, slurmd, slurm-client and munge from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	    slurmctld slurmd slurm-client munge >/dev/null; }
+	$(BIN)/pytest -q -s tests/slurm
 
 lint: install
 	$(BIN)/ruff check .

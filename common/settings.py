@@ -72,7 +72,8 @@ class Settings:
     gpu_label: str = ""
     #: lease one GPU of these (``all`` or ``0,1,2,3``) in Redis instead of being pinned from outside
     gpu_lease: str = ""
-    #: the host name leases are scoped by (default: /etc/machine-id, else the hostname)
+    #: the host name leases are scoped by (default: Slurm's node name, else /etc/machine-id, else
+    #: the hostname)
     lease_scope: str = ""
     chunk_size: int = 8
     #: jobs ``producer enqueue`` keeps queued at most; past it, it waits for workers to take some
@@ -130,6 +131,9 @@ class Settings:
                 values[name] = value
         if not values.get("gpu_label"):
             values["gpu_label"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") or "-"
+        if not values.get("lease_scope"):
+            # under Slurm, leases are scoped by the node (jobs on one node share its GPUs' indices)
+            values["lease_scope"] = os.environ.get("SLURMD_NODENAME", "")
         return cls(**values).validate()
 
     def validate(self) -> Settings:

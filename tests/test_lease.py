@@ -31,6 +31,19 @@ def test_candidates():
         candidates("all", count_gpus=0)
 
 
+def test_leases_are_scoped_by_slurms_node_name_unless_one_is_given(monkeypatch):
+    from common.settings import Settings
+    from worker.supervision.lease import lease_scope
+
+    monkeypatch.delenv("DIFFQ_LEASE_SCOPE", raising=False)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    assert Settings.load().lease_scope == ""  # then /etc/machine-id, else the hostname
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-node-07")
+    assert lease_scope(Settings.load().lease_scope) == "gpu-node-07"
+    monkeypatch.setenv("DIFFQ_LEASE_SCOPE", "rack2")
+    assert Settings.load().lease_scope == "rack2"
+
+
 def test_a_lease_is_exclusive_renewable_and_released(conn):
     first = GpuLease(conn, "h", ["0", "1"])
     second = GpuLease(conn, "h", ["0", "1"])

@@ -8,7 +8,8 @@ A replica that dies stops renewing, so its GPU is free again within :data:`LEASE
 Replicas beyond the number of GPUs wait for a lease instead of doubling up on a GPU.
 
 ``<host>`` must be the same for every replica on one machine and differ between machines.
-It comes from ``DIFFQ_LEASE_SCOPE``, or else from ``/etc/machine-id`` (compose mounts it
+It comes from ``DIFFQ_LEASE_SCOPE``, or else Slurm's node name (``SLURMD_NODENAME``: several
+jobs on one node see the same indices), or else ``/etc/machine-id`` (compose mounts it
 read-only), or else the hostname.
 """
 

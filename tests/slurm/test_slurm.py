@@ -1,0 +1,179 @@
+"""Workers as Slurm jobs, on a real Slurm: ``munged``, ``slurmctld`` and ``slurmd`` started on
+this machine (one node, CPUs only, a config written here in a temp folder, stopped at the end),
+the shipped ``deploy/slurm/diffq-workers.sbatch`` submitted with ``sbatch``, and Slurm's own
+ways of stopping: ``scancel`` mid-job, a time limit, then a new submission that finishes the
+campaign. Every image exactly once with one metadata line.
+
+Run by ``make test-slurm`` (which installs Debian's slurmctld, slurmd, slurm-client and munge
+when they are missing). Not covered here: GPU GRES binding, several nodes, Apptainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SLOW, assert_exactly_once, free_port, producer, wait_for
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+
+SBATCH = ROOT / "deploy" / "slurm" / "diffq-workers.sbatch"
+#: states of a job that has ended (scontrol keeps ended jobs for MinJobAge, 300 s by default)
+ENDED = {"COMPLETED", "CANCELLED", "TIMEOUT", "FAILED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+CONF = """\
+ClusterName=diffqtest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={dir}/munge.socket
+CredType=cred/munge
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+# SIGKILL this long after the SIGTERM of scancel or a time limit (Slurm's default is 30 s)
+KillWait=15
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass
+class Slurm:
+    dir: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> str:
+        done = subprocess.run(args, env=env or self.env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{' '.join(args)}: {done.stderr}"
+        return done.stdout.strip()
+
+    def sbatch(self, env: dict[str, str], *options: str) -> str:
+        return self.run("sbatch", "--parsable", f"--chdir={ROOT}", *options, str(SBATCH), env={**self.env, **env})
+
+    def state(self, job: str) -> str:
+        line = self.run("scontrol", "show", "job", "-o", job)
+        return line.split("JobState=", 1)[1].split()[0]
+
+    def ended(self, job: str) -> str | None:
+        state = self.state(job)
+        return state if state in ENDED else None
+
+
+def _pids(folder: Path) -> list[int]:
+    return [int(p.read_text().split()[0]) for p in folder.glob("*.pid") if p.read_text().strip()]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+    missing = [tool for tool in ("munged", "slurmctld", "slurmd", "sbatch") if not shutil.which(tool)]
+    assert not missing, f"{', '.join(missing)} missing: `make test-slurm` installs Debian's slurm-wlm and munge"
+    folder = tmp_path_factory.mktemp("slurm")
+    (folder / "state").mkdir()
+    (folder / "spool").mkdir()
+    conf = folder / "slurm.conf"
+    host = socket.gethostname().split(".")[0]
+    conf.write_text(
+        CONF.format(host=host, dir=folder, ctld_port=free_port(), slurmd_port=free_port(), cpus=os.cpu_count() or 2)
+    )
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    munge = [f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log"]
+    subprocess.run(["munged", "--force", *munge, f"--seed-file={folder}/munge.seed"], check=True, timeout=60)
+    for daemon in ("slurmctld", "slurmd"):
+        subprocess.run([daemon, "-f", str(conf)], env=env, check=True, timeout=60)
+    cluster = Slurm(folder, env)
+    try:
+        wait_for(
+            lambda: cluster.run("sinfo", "-h", "-o", "%T").startswith("idle"),
+            120,
+            f"the node to come up (logs in {folder})",
+        )
+        yield cluster
+    finally:
+        subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True, timeout=60)
+        for pid in _pids(folder):
+            with contextlib.suppress(ProcessLookupError):  # a daemon that already went
+                os.kill(pid, signal.SIGTERM)
+
+
+def job_env(redis_url: str, cache_dir: Path, logs: Path, **extra: str) -> dict[str, str]:
+    """What a user exports before sbatch: the queue's Redis, the cache, the worker command."""
+    return {
+        "REDIS_URL": redis_url,
+        "DIFFQ_CACHE": str(cache_dir),
+        "DIFFQ_WORKER": f"{sys.executable} -m worker",  # the shipped CLI of this checkout
+        "DIFFQ_GPUS": "cpu",
+        "DIFFQ_SLURM_LOGS": str(logs),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+
+
+def test_workers_stopped_by_scancel_and_a_time_limit_lose_nothing_and_a_new_job_finishes(
+    slurm, redis_url, conn, cache_dir, tmp_path
+):
+    images = 40
+    path = tmp_path / "prompts.csv"
+    path.write_text("prompt\n" + "".join(f"slurm prompt {i}\n" for i in range(images)))
+    out = tmp_path / "out"
+    queued = producer("enqueue", path, *SLOW, "--chunk-size", "2", "--output", out, "--redis-url", redis_url)
+    assert queued.exit_code == 0, queued.output
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = job_env(redis_url, cache_dir, logs)
+    batch_log = f"--output={logs}/batch-%j.out"
+
+    cancelled = slurm.sbatch(env, batch_log, "--time=10", "--job-name=diffq-a")
+    timed = slurm.sbatch(env, batch_log, "--time=1", "--signal=TERM@20", "--job-name=diffq-b")
+    started = StartedJobRegistry("diffq", connection=conn)
+    wait_for(lambda: started.count >= 2, 300, "both Slurm jobs' workers to run a job each")
+
+    slurm.run("scancel", cancelled)  # SIGTERM to the step, SIGKILL after KillWait
+    at = time.monotonic()
+    state = wait_for(lambda: slurm.ended(cancelled), 120, "the cancelled job to end")
+    assert state == "CANCELLED", state
+    cancel_s = time.monotonic() - at
+    limit_state = wait_for(lambda: slurm.ended(timed), 300, "the time limit to end the other job")
+    assert limit_state in ("TIMEOUT", "COMPLETED"), limit_state  # COMPLETED: it ended before the limit
+
+    worker_logs = "".join(p.read_text() for p in logs.glob("*.log"))
+    assert worker_logs.count("SIGTERM: warm shutdown") >= 2, worker_logs[-3000:]
+    assert "Traceback" not in worker_logs, worker_logs[-3000:]
+    assert FailedJobRegistry("diffq", connection=conn).count == 0
+    left = len(list(out.rglob("*.png")))
+    assert left < images, "the campaign finished before Slurm stopped the workers: make it longer"
+
+    # a new submission (as a requeued or preempted allocation starts again) takes the rest
+    rest = slurm.sbatch({**env, "DIFFQ_GPUS": "cpu,cpu", "DIFFQ_WORKER_ARGS": "--burst"}, batch_log, "--time=20")
+    state = wait_for(lambda: slurm.ended(rest), 900, "the new job to drain the queue")
+    assert state == "COMPLETED", (state, worker_logs[-2000:])
+    assert_exactly_once(out, images)
+    assert FailedJobRegistry("diffq", connection=conn).count == 0
+    print(
+        f"scancel to the job's end: {cancel_s:.1f} s; the time-limited job ended {limit_state}; "
+        f"images before the new job: {left} of {images}"
+    )
