@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -183,14 +184,28 @@ def _check_buckets(
                 on_bucket(i + 1)
         return
     _CHECKING = (store, spill, deep)
+    pool = multiprocessing.get_context("fork").Pool(processes, initializer=_default_signals)
     try:
-        with multiprocessing.get_context("fork").Pool(processes) as pool:
-            for i, part in enumerate(pool.imap_unordered(_bucket_in_child, BUCKETS, chunksize=4)):
-                _merge(report, part)
-                if on_bucket:
-                    on_bucket(i + 1)
+        for i, part in enumerate(pool.imap_unordered(_bucket_in_child, BUCKETS, chunksize=4)):
+            _merge(report, part)
+            if on_bucket:
+                on_bucket(i + 1)
+        pool.close()  # the children leave on the end-of-work sentinel, no signal needed
+    except BaseException:
+        pool.terminate()
+        raise
     finally:
+        pool.join()
         _CHECKING = None
+
+
+def _default_signals() -> None:
+    """A forked child inherits the caller's Python signal handlers. One that returns (a warm-stop
+    flag, as RQ's worker installs) made the child survive ``Pool.terminate``'s SIGTERM while it
+    waited on the task queue's lock, which the parent held: ``verify`` never returned. The
+    children take the default actions; the parent decides when they stop."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _bucket_in_child(bucket: str) -> VerifyReport:

@@ -98,3 +98,44 @@ def test_verify_says_what_it_cannot_check(env, conn, tmp_path):
     missing = producer("verify", tmp_path / "nowhere")
     assert missing.exit_code == 2 and "no such folder" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_verify_returns_under_a_signal_handler_that_returns(env, conn, tmp_path, redis_url):
+    """Its checking processes are forked: a caller's SIGTERM handler that only sets a flag (as
+    RQ's worker installs one) used to make a child survive the pool's SIGTERM while it waited
+    on a lock the parent held, and verify hung (seen in a suite run beside another)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "out"
+    campaign(env, tmp_path, 4, str(out))
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "from click.testing import CliRunner\n"
+        "from producer.cli import main\n"
+        "for _ in range(25):\n"
+        "    r = CliRunner().invoke(main, ['verify', sys.argv[1], '--redis-url', sys.argv[2]])\n"
+        "    assert r.exit_code == 0, r.output\n"
+        "print('25 verify runs')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(out), redis_url],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its forked children too go with a kill of the group
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # SIGKILL: the handler ignores SIGTERM
+        proc.communicate()
+        raise AssertionError("producer verify hung under a SIGTERM handler that returns") from None
+    assert proc.returncode == 0 and "25 verify runs" in stdout, stderr[-2000:]
