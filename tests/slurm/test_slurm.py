@@ -1,8 +1,8 @@
 """Workers as Slurm jobs, on a real Slurm: ``munged``, ``slurmctld`` and ``slurmd`` started on
 this machine (one node, CPUs only, a config written here in a temp folder, stopped at the end),
 the shipped ``deploy/slurm/diffq-workers.sbatch`` submitted with ``sbatch``, and Slurm's own
-ways of stopping: ``scancel`` mid-job, a time limit, then a new submission that finishes the
-campaign. Every image exactly once with one metadata line.
+ways of stopping: ``scancel`` mid-job, a time limit, then a new submission (a job array of two
+single workers) that finishes the campaign. Every image exactly once with one metadata line.
 
 Run by ``make test-slurm`` (which installs Debian's slurmctld, slurmd, slurm-client and munge
 when they are missing). Not covered here: GPU GRES binding, several nodes, Apptainer.
@@ -74,13 +74,15 @@ class Slurm:
     def sbatch(self, env: dict[str, str], *options: str) -> str:
         return self.run("sbatch", "--parsable", f"--chdir={ROOT}", *options, str(SBATCH), env={**self.env, **env})
 
-    def state(self, job: str) -> str:
-        line = self.run("scontrol", "show", "job", "-o", job)
-        return line.split("JobState=", 1)[1].split()[0]
+    def states(self, job: str) -> list[str]:
+        """The state of the job, or of each task of a job array."""
+        lines = self.run("scontrol", "show", "job", "-o", job).splitlines()
+        return [line.split("JobState=", 1)[1].split()[0] for line in lines if "JobState=" in line]
 
     def ended(self, job: str) -> str | None:
-        state = self.state(job)
-        return state if state in ENDED else None
+        """The state once every task of the job has ended ("COMPLETED,COMPLETED" for two)."""
+        states = self.states(job)
+        return ",".join(states) if states and all(s in ENDED for s in states) else None
 
 
 def _pids(folder: Path) -> list[int]:
@@ -167,10 +169,11 @@ def test_workers_stopped_by_scancel_and_a_time_limit_lose_nothing_and_a_new_job_
     left = len(list(out.rglob("*.png")))
     assert left < images, "the campaign finished before Slurm stopped the workers: make it longer"
 
-    # a new submission (as a requeued or preempted allocation starts again) takes the rest
-    rest = slurm.sbatch({**env, "DIFFQ_GPUS": "cpu,cpu", "DIFFQ_WORKER_ARGS": "--burst"}, batch_log, "--time=20")
-    state = wait_for(lambda: slurm.ended(rest), 900, "the new job to drain the queue")
-    assert state == "COMPLETED", (state, worker_logs[-2000:])
+    # a new submission (as a requeued or preempted allocation starts again) takes the rest: a
+    # job array of two single workers, each ending when the queue is empty
+    rest = slurm.sbatch({**env, "DIFFQ_WORKER_ARGS": "--burst"}, batch_log, "--time=20", "--array=0-1")
+    state = wait_for(lambda: slurm.ended(rest), 900, "the job array to drain the queue")
+    assert state == "COMPLETED,COMPLETED", (state, worker_logs[-2000:])
     assert_exactly_once(out, images)
     assert FailedJobRegistry("diffq", connection=conn).count == 0
     print(
