@@ -35,6 +35,14 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "fp8": "FP8 linears in the UNet (torchao; Hopper only, opt-in; a non-finite batch is redone in fp16)",
 }
 
+#: where a worker keeps the pipeline's weights (``--offload`` / ``DIFFQ_OFFLOAD``); worker/pipelines/offload.py
+OFFLOAD_MODES: dict[str, str] = {
+    "auto": "none where the pipeline and a batch of two fit in the GPU's memory, else the lightest that fits",
+    "none": "every component on the GPU (fastest; SDXL fp16 holds 6.6 GB of weights there)",
+    "model": "components on the CPU, each moved to the GPU for its turn (diffusers' enable_model_cpu_offload)",
+    "sequential": "layers streamed to the GPU one at a time (enable_sequential_cpu_offload; ~4 GB, 15x slower)",
+}
+
 #: what ``auto`` means on CUDA for an SDXL-class UNet, chosen by docs/benchmarks.md
 CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-unet", "compile-vae")
 

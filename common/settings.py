@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from common.errors import ConfigError
-from common.presets import DEFAULT_MODEL, speedup_names
+from common.presets import DEFAULT_MODEL, OFFLOAD_MODES, speedup_names
 
 #: environment variable for each setting
 ENV_NAMES: dict[str, str] = {
@@ -48,6 +48,8 @@ ENV_NAMES: dict[str, str] = {
     "group_timeout": "DIFFQ_GROUP_TIMEOUT",
     "overlap_save": "DIFFQ_OVERLAP_SAVE",
     "compile_cache": "DIFFQ_COMPILE_CACHE",
+    "offload": "DIFFQ_OFFLOAD",
+    "gpu_memory": "DIFFQ_GPU_MEMORY",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -97,6 +99,13 @@ class Settings:
     #: ``redis`` (also the queue's Redis, so a new host of the fleet loads what another compiled)
     #: or a redis:// URL of another Redis
     compile_cache: str = "local"
+    #: where the pipeline's weights live between uses (worker/pipelines/offload.py): ``none`` (on
+    #: the GPU), ``model`` (on the CPU, one component at a time on the GPU), ``sequential`` (one
+    #: layer at a time) or ``auto`` (the lightest that fits the GPU's memory with a batch)
+    offload: str = "auto"
+    #: GiB of the GPU this worker may use (0: all that is free); for a shared GPU, or to rehearse
+    #: a smaller one on a big one
+    gpu_memory: float = 0.0
     # -- xDiT groups (worker/group): how each image is split over the ranks; flags win
     ulysses_degree: int = 1
     ring_degree: int = 1
@@ -156,6 +165,10 @@ class Settings:
         if not 0 <= self.max_retries <= 100:
             raise ConfigError(f"--max-retries {self.max_retries}: use 0..100")
         self.retry_intervals()
+        if self.offload not in OFFLOAD_MODES:
+            raise ConfigError(f"--offload {self.offload!r}: use one of {', '.join(OFFLOAD_MODES)}")
+        if self.gpu_memory < 0:
+            raise ConfigError(f"--gpu-memory {self.gpu_memory}: use GiB above 0, or 0 for all that is free")
         speedup_names(self.speedups)  # a typo is one line at start-up, before a GPU is leased
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in REDIS_SCHEMES:
@@ -196,6 +209,11 @@ def _convert(name: str, raw: str, annotation: Any, *, source: str) -> Any:
         if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise ConfigError(f"{source}={raw!r}: use 1 or 0")
         return text in ("1", "true", "yes", "on")
+    if annotation in (float, "float"):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{source}={raw!r}: {name} must be a number") from None
     if annotation in (int, "int"):
         try:
             return int(raw)

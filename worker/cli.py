@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from common.errors import DiffqError
-from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS
+from common.presets import CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, SPEEDUP_LEVERS
 from common.queues import PATIENCE_FOREVER, connect, get_queue
 from common.settings import Settings, redact
 
@@ -47,6 +47,19 @@ def run_options(func: Any) -> Any:
             help="local, redis (share compiled graphs through the queue's Redis: a new host of the fleet "
             "loads them instead of compiling) or a redis:// URL [DIFFQ_COMPILE_CACHE; default local].",
         ),
+        click.option(
+            "--offload",
+            type=click.Choice(list(OFFLOAD_MODES)),
+            metavar="MODE",
+            help="Where the weights live: none (on the GPU), model or sequential (on the CPU, moved in as needed; "
+            "for 8-16 GB GPUs), auto (measured: none where the pipeline and a batch fit) [DIFFQ_OFFLOAD; auto].",
+        ),
+        click.option(
+            "--gpu-memory",
+            type=float,
+            help="GiB of the GPU this worker may use; batches and --offload auto are sized to it "
+            "[DIFFQ_GPU_MEMORY; default all that is free].",
+        ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
         click.option("--max-jobs", type=int, help="Exit after this many jobs."),
@@ -79,6 +92,8 @@ def run(**opts: Any) -> None:
             speedups=opts["speedups"],
             gpu_lease=opts["gpu_lease"],
             compile_cache=opts["compile_cache"],
+            offload=opts["offload"],
+            gpu_memory=opts["gpu_memory"],
         )
         lease = None
         # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the lease)
@@ -149,6 +164,8 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         settings.dtype,
         settings.speedups,
         compile_cache=settings.compile_cache_url(),
+        offload=settings.offload,
+        gpu_memory=settings.gpu_memory,
     )
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
@@ -168,13 +185,14 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     )
     _on_orphaned.append(lambda: worker.stop_now("its launcher is gone"))
     log.info(
-        "worker %s serving queue %r at %s on %s (%s, speedups %s)",
+        "worker %s serving queue %r at %s on %s (%s, speedups %s, offload %s)",
         name,
         settings.queue,
         redact(settings.redis_url),
         pipelines.device,
         str(pipelines.dtype).removeprefix("torch."),
         pipelines.speedups.describe(),
+        pipelines.offload,
     )
     if opts["preload"]:
         pipelines.get(opts["preload"])
@@ -207,11 +225,14 @@ def launch(gpus: str, **opts: Any) -> None:
             dtype=opts["dtype"],
             speedups=opts["speedups"],
             compile_cache=opts["compile_cache"],
+            offload=opts["offload"],
+            gpu_memory=opts["gpu_memory"],
         )
     except DiffqError as exc:
         _fail(exc)
     run_args: list[str] = []
-    for name in ("queue", "redis_url", "dtype", "cache_dir", "speedups", "compile_cache", "preload", "max_jobs"):
+    names = ("queue", "redis_url", "dtype", "cache_dir", "speedups", "compile_cache", "offload", "gpu_memory")
+    for name in (*names, "preload", "max_jobs"):
         if opts[name] is not None:
             run_args += [f"--{name.replace('_', '-')}", str(opts[name])]
     if opts["burst"]:

@@ -94,11 +94,15 @@ class MergedAdapters:
             if id(base) not in self._pristine:
                 self._pristine[id(base)] = (base, base.weight.detach().clone())
 
+    def current(self, name: str | None, scale: float) -> bool:
+        """Whether ``name`` at ``scale`` (or no adapter) is what the pipeline runs with now."""
+        wanted = (name, float(scale)) if name is not None else None
+        return wanted == self.merged and (wanted is not None or self.disabled)
+
     @torch.no_grad()
     def use(self, name: str | None, scale: float) -> None:
         """Make ``name`` at ``scale`` (or no adapter) the one the pipeline runs with."""
-        wanted = (name, float(scale)) if name is not None else None
-        if wanted == self.merged and (wanted is not None or self.disabled):
+        if self.current(name, scale):
             return
         started = time.perf_counter()
         self.restore()
@@ -112,6 +116,6 @@ class MergedAdapters:
             for layer in self.layers():
                 if name in getattr(layer, "lora_A", {}) or name in getattr(layer, "lora_B", {}):
                     layer.merge(adapter_names=[name])
-            self.merged = wanted
+            self.merged = (name, float(scale))
         self.unwrap()
         log.debug("adapter %s merged in %.3fs", name or "none", time.perf_counter() - started)

@@ -20,7 +20,7 @@ import torch
 from diffusers.utils import logging as diffusers_logging
 from transformers.utils import logging as transformers_logging
 
-from common.errors import AdapterNotFound, ModelLoadError
+from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import point_compile_cache_at
@@ -28,8 +28,10 @@ from worker.pipelines import models
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
 from worker.pipelines.compile_cache import share_compile_cache
-from worker.pipelines.generate import BatchResult, run_batch, run_split
+from worker.pipelines.generate import BatchResult, is_oom, run_batch, run_split
 from worker.pipelines.loading import download_progress
+from worker.pipelines.memory import Budget, GiB, Profiles, largest_batch, measure_peak, profile_key
+from worker.pipelines.offload import NOT_WITH_OFFLOAD, place, weights_bytes, weights_in_place
 from worker.pipelines.speedups import COMPILE_LEVERS, Speedups, graphs_compiled, warm_up
 from worker.pipelines.speedups import apply as apply_speedups
 
@@ -65,6 +67,12 @@ class LoadedPipeline:
     load_seconds: float
     adapters: dict[str, str] = field(default_factory=dict)  # adapter spec -> adapter name in peft
     merged: MergedAdapters | None = None
+    #: where its weights live between uses (worker/pipelines/offload.py)
+    offload: str = "none"
+    #: the speed levers it runs with (an offload leaves the compile levers out)
+    speedups: Speedups = field(default_factory=lambda: Speedups(frozenset()))
+    #: (width, height, CFG, most images wanted) -> the batch that fits in memory
+    batches: dict[tuple[int, int, bool, int], int] = field(default_factory=dict)
     #: (width, height, CFG) -> the batch sizes compiled for it (graphs are static)
     warm: dict[tuple[int, int, bool], set[int]] = field(default_factory=dict)
 
@@ -82,6 +90,8 @@ class PipelineCache:
         max_models: int = 1,
         *,
         compile_cache: str | None = None,
+        offload: str = "none",
+        gpu_memory: float = 0.0,
     ) -> None:
         # compiled kernels persist beside the models, so a restarted worker skips most compile
         # time; with a shared compile cache (a Redis URL) a new host finds them there too
@@ -92,6 +102,13 @@ class PipelineCache:
         self.dtype = resolve_dtype(dtype, self.device)
         self.speedups = Speedups.parse(speedups, self.device)
         self.max_models = max_models
+        if offload == "sequential" and self.device.type != "cuda":
+            raise ConfigError("--offload sequential streams weights to a GPU; this worker runs on the CPU")
+        # on the CPU there is nothing to offload to; an explicit ``model`` still installs the hooks
+        self.offload = "none" if offload == "auto" and self.device.type != "cuda" else offload
+        #: this worker's share of its GPU; None on the CPU, where batches are not sized by memory
+        self.budget = Budget.of(self.device, gpu_memory) if self.device.type == "cuda" else None
+        self.profiles = Profiles(Path(cache_dir) / "memory-profiles.json")
         self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
         self.loads = 0
 
@@ -116,6 +133,10 @@ class PipelineCache:
         try:
             with download_progress(report):
                 pipe = self._load(model)
+        except Exception as exc:
+            if is_oom(exc):
+                raise self._no_room(model, exc) from None
+            raise
         finally:
             report(None)
         pipe.set_progress_bar_config(disable=True)
@@ -124,13 +145,49 @@ class PipelineCache:
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
                 component.requires_grad_(False)
-        apply_speedups(pipe, self.speedups)
+        # the levers that work in any placement first (the memory probes run with them), then
+        # where the weights live, then compile and fp8 where the weights stay on the GPU
+        apply_speedups(pipe, Speedups(self.speedups.levers - NOT_WITH_OFFLOAD))
+        try:
+            offload = self._choose_offload(pipe, model, on_progress)
+            place(pipe, offload, self.device)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            del pipe
+            raise self._no_room(model, exc) from None
+        speedups = self.speedups
+        if offload != "none":
+            left_out = speedups.levers & NOT_WITH_OFFLOAD
+            speedups = Speedups(speedups.levers - NOT_WITH_OFFLOAD)
+            if left_out:
+                log.info(
+                    "offload %s: running without %s (accelerate's offload hooks move weights inside forward, "
+                    "where a compiled graph cannot follow)",
+                    offload,
+                    ",".join(sorted(left_out)),
+                )
+        elif speedups.levers & NOT_WITH_OFFLOAD:
+            apply_speedups(pipe, Speedups(speedups.levers & NOT_WITH_OFFLOAD))
         seconds = time.perf_counter() - started
         self.loads += 1
-        log.info("model %s ready in %.1fs", model, seconds)
-        loaded = LoadedPipeline(pipe=pipe, model=model, load_seconds=seconds)
+        log.info("model %s ready in %.1fs (offload %s)", model, seconds, offload)
+        loaded = LoadedPipeline(pipe=pipe, model=model, load_seconds=seconds, offload=offload, speedups=speedups)
         self._loaded[key] = loaded
         return loaded, seconds
+
+    def _no_room(self, model: str, exc: BaseException) -> ModelLoadError:
+        """A model that does not fit this worker's GPU is the worker's problem, not the job's: a
+        :class:`ModelLoadError` gives the job back for a worker with more memory. The failed
+        load's tensors are freed first (its traceback held them, and every later load ran out)."""
+        exc.__traceback__ = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        room = self.budget.describe() if self.budget is not None else str(self.device)
+        return ModelLoadError(
+            f"model {model!r} does not fit in this worker's GPU memory ({room}, offload {self.offload}): "
+            "give it --offload model (or sequential), more of the GPU (--gpu-memory), or a larger GPU"
+        )
 
     def _evict(self) -> None:
         key = next(iter(self._loaded))
@@ -166,7 +223,94 @@ class PipelineCache:
                 f"model {model!r} is a {type(pipe).__name__}; diffq runs SDXL and FLUX pipelines "
                 "(StableDiffusionXLPipeline, FluxPipeline)"
             )
-        return pipe.to(self.device)
+        return pipe  # on the CPU: place() puts it where the offload mode says
+
+    def _choose_offload(self, pipe: Any, model: str, on_progress: Callable[[str | None], None] | None) -> str:
+        """``auto``: ``none`` where the pipeline and a batch of two at the model's own size fit in
+        this worker's share of the GPU, else ``model`` where one image fits with it, else
+        ``sequential``. Measured (one denoising step) the first time a GPU model meets a model,
+        then read from the memory profiles."""
+        if self.budget is None:  # the CPU: nothing to offload to (an explicit model offload still hooks)
+            return "none" if self.offload == "auto" else self.offload
+        if self.offload != "auto":
+            return self.offload
+        budget = self.budget
+        side = int(getattr(pipe, "default_sample_size", 128)) * int(getattr(pipe, "vae_scale_factor", 8))
+        params = GenParams(model=model, width=side, height=side, steps=1, guidance=5.0)
+        if on_progress is not None:
+            on_progress(f"measuring GPU memory for {model} (once per GPU model)")
+        try:
+            weights = weights_bytes(pipe)
+            resident = self._peak(pipe, params, 2, "none", self.speedups) if budget.fits(weights) else None
+            if resident is not None and budget.fits(resident):
+                why = f"the pipeline and a batch of 2 at {side}² peak at {resident / GiB:.1f} GiB"
+                chosen = "none"
+            else:
+                light = Speedups(self.speedups.levers - NOT_WITH_OFFLOAD)
+                one = self._peak(pipe, params, 1, "model", light)
+                chosen = "model" if one is not None and budget.fits(one) else "sequential"
+                needs = f"{weights / GiB:.1f} GiB of weights" if resident is None else f"{resident / GiB:.1f} GiB"
+                why = f"resident with a batch of 2 at {side}² needs {needs}" + (
+                    f"; with model offload one image peaks at {one / GiB:.1f} GiB" if one is not None else ""
+                )
+        finally:
+            if on_progress is not None:
+                on_progress(None)
+        log.info("offload auto: %s, for %s (%s)", chosen, budget.describe(), why)
+        return chosen
+
+    def _peak(self, pipe: Any, params: GenParams, batch: int, offload: str, speedups: Speedups) -> int | None:
+        """Peak bytes of one step of ``batch`` images with ``pipe`` placed by ``offload``: from the
+        memory profiles, else measured now (and kept)."""
+        assert self.budget is not None
+        key = self._profile_key(params, offload, speedups)
+        known = self.profiles.peaks(key)
+        if batch in known:
+            return known[batch]
+        place(pipe, offload, self.device)
+        peak = measure_peak(self.device, _probe(pipe, params))(batch)
+        if peak is not None:
+            self.profiles.record(key, batch, peak)
+        return peak
+
+    def _profile_key(self, params: GenParams, offload: str, speedups: Speedups) -> str:
+        assert self.budget is not None
+        dtype = str(self.dtype).removeprefix("torch.")
+        return profile_key(
+            self.budget.gpu, params.model, params.width, params.height, params.guidance > 1.0, dtype,
+            speedups.describe(), offload,
+        )  # fmt: skip
+
+    def batch_for(
+        self, loaded: LoadedPipeline, params: GenParams, wanted: int, on_progress: Callable[[str | None], None] | None
+    ) -> int:
+        """The largest batch of at most ``wanted`` images that fits this worker's GPU memory at
+        ``params``' size (:mod:`worker.pipelines.memory`); ``wanted`` on the CPU."""
+        if self.budget is None or wanted <= 1:
+            return max(1, wanted)
+        shape = (params.width, params.height, params.guidance > 1.0, wanted)
+        if shape in loaded.batches:
+            return loaded.batches[shape]
+        key = self._profile_key(params, loaded.offload, loaded.speedups)
+        known = self.profiles.peaks(key)
+        probing = on_progress is not None and any(size not in known for size in (1, 2))
+        if probing:
+            on_progress(f"measuring GPU memory for {params.width}x{params.height} (once per GPU model and size)")
+        try:
+            batch, peak = largest_batch(
+                measure_peak(self.device, _probe(loaded.pipe, params)), known, wanted, self.budget,
+                remember=lambda size, bytes_: self.profiles.record(key, size, bytes_),
+            )  # fmt: skip
+        finally:
+            if probing:
+                on_progress(None)
+        peak_text = f"{peak / GiB:.1f} GiB" if peak is not None else "unmeasured"
+        log.info(
+            "batch %d for %dx%d (peak %s of %s; offload %s)",
+            batch, params.width, params.height, peak_text, self.budget.describe(), loaded.offload,
+        )  # fmt: skip
+        loaded.batches[shape] = batch
+        return batch
 
     def generate(
         self,
@@ -182,8 +326,11 @@ class PipelineCache:
         )  # fmt: skip
         before = graphs_compiled()
         pad_to = None
+        max_batch = self.batch_for(loaded, params, max_batch, on_progress)
+        if self.budget is not None:
+            torch.cuda.reset_peak_memory_stats(self.device)
         try:
-            if self.speedups.compiles:
+            if loaded.speedups.compiles:
                 sizes = loaded.warm.setdefault((params.width, params.height, params.guidance > 1.0), set())
                 wanted = min(max_batch, len(prompts))
                 if not any(size >= wanted for size in sizes):
@@ -194,13 +341,16 @@ class PipelineCache:
                 loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step, pad_to=pad_to
             )
         except torch._dynamo.exc.TorchDynamoException as exc:
-            if not self.speedups.compiles:
+            if not loaded.speedups.compiles:
                 raise
-            self._run_eager(exc)  # the worker's environment, not the job: go on without compiling
+            self._run_eager(loaded, exc)  # the worker's environment, not the job: go on without compiling
             if on_progress is not None:
                 on_progress(None)
             result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
         result.compiles = graphs_compiled() - before
+        result.batch, result.offload = min(fitted, len(prompts)), loaded.offload
+        if self.budget is not None:
+            result.peak_bytes = torch.cuda.max_memory_allocated(self.device)
         return result, fitted
 
     def _warm_up(
@@ -213,7 +363,7 @@ class PipelineCache:
         if on_progress is not None:
             on_progress(None)
 
-    def _run_eager(self, exc: BaseException) -> None:
+    def _run_eager(self, loaded: LoadedPipeline, exc: BaseException) -> None:
         """torch.compile cannot work here (most often: no C compiler or Python headers for
         Triton's launcher). Every compiled region runs eagerly from now on, for this worker."""
         levers = self.speedups.levers - COMPILE_LEVERS
@@ -227,21 +377,28 @@ class PipelineCache:
         )
         torch.compiler.set_stance("force_eager")
         self.speedups = Speedups(levers)
+        loaded.speedups = Speedups(loaded.speedups.levers - COMPILE_LEVERS)
 
     def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
         """Make ``adapter`` (or none) the one merged into the weights at ``scale``; load it the
         first time it is named (see :mod:`worker.pipelines.adapters` for why merged)."""
-        if adapter is None:
-            if loaded.merged is not None:
-                loaded.merged.use(None, scale)
+        if adapter is None and loaded.merged is None:
             return
-        if loaded.merged is None:
-            loaded.merged = MergedAdapters(loaded.pipe)
-        name = loaded.adapters.get(adapter)
-        if name is None:
-            loaded.merged.restore()  # the new adapter wraps pristine weights
-            name = self._load_adapter(loaded, adapter)
-        loaded.merged.use(name, scale)
+        name = loaded.adapters.get(adapter) if adapter is not None else None
+        if loaded.merged is not None and (adapter is None or name is not None) and loaded.merged.current(name, scale):
+            return  # nothing to change: no offload hooks to take off and put back
+        with weights_in_place(loaded.pipe, loaded.offload, self.device):
+            if adapter is None:
+                assert loaded.merged is not None
+                loaded.merged.use(None, scale)
+                return
+            if loaded.merged is None:
+                loaded.merged = MergedAdapters(loaded.pipe)
+            name = loaded.adapters.get(adapter)
+            if name is None:
+                loaded.merged.restore()  # the new adapter wraps pristine weights
+                name = self._load_adapter(loaded, adapter)
+            loaded.merged.use(name, scale)
 
     def _load_adapter(self, loaded: LoadedPipeline, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
@@ -264,6 +421,18 @@ class PipelineCache:
         log.info("adapter %s loaded as %s in %.2fs", adapter, name, time.perf_counter() - started)
         loaded.adapters[adapter] = name
         return name
+
+
+def _probe(pipe: Any, params: GenParams) -> Callable[[int], object]:
+    """One denoising step and the decode of ``batch`` images at ``params``' size: the shape of a
+    job's memory use (the UNet's activations, then the VAE's), in seconds rather than a job's time."""
+    short = GenParams(model=params.model, width=params.width, height=params.height, steps=1, guidance=params.guidance)
+
+    def run(batch: int) -> object:
+        prompts = ["memory probe"] * batch
+        return run_batch(pipe, short, prompts=prompts, negatives=[""] * batch, seeds=list(range(batch)))
+
+    return run
 
 
 def padding(sizes: set[int]) -> Callable[[int], int]:

@@ -32,6 +32,12 @@ class BatchResult:
     fp16_redo: int = 0
     #: graphs torch.compile built during this call (0 on a warm worker)
     compiles: int = 0
+    #: the most images one pipeline call ran (what fitted in memory, or the chunk if smaller)
+    batch: int = 0
+    #: where the weights lived (worker/pipelines/offload.py)
+    offload: str = ""
+    #: the most GPU memory the call's tensors took (0 on the CPU)
+    peak_bytes: int = 0
 
 
 def _sync(device: torch.device) -> None:

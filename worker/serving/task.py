@@ -195,6 +195,8 @@ def _tail(run: Run, batch: BatchResult) -> dict[str, Any]:
         "worker": run.ctx.runtime.worker_name,
         "written_at": time.time(),  # with overlap, after the next job has started
         "compiles": batch.compiles,  # graphs torch.compile built in this job (0 once warm)
+        **({"batch": batch.batch, "offload": batch.offload} if batch.batch else {}),  # GPU batch, weights' place
+        **({"gpu_peak_gib": round(batch.peak_bytes / 2**30, 2)} if batch.peak_bytes else {}),
         **({"fp16_redo": batch.fp16_redo} if batch.fp16_redo else {}),  # FP8 was not finite for these
     }
 
@@ -256,7 +258,9 @@ def _generate(run: Run) -> BatchResult:
         rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
 
     shape = (params.model, params.width, params.height)
-    limit = rt.batch_limits.get(shape, len(plan.todo))
+    # at most what fitted so far; else a full chunk, so that a tail chunk is padded up to the
+    # graph compiled for full ones rather than compiled again at its own size
+    limit = rt.batch_limits.get(shape, max(len(plan.todo), rt.settings.chunk_size))
     batch = Batch(
         params,
         prompts=[item.prompt for _, item, _ in plan.todo],
