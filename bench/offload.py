@@ -47,10 +47,16 @@ def main() -> None:
     ap.add_argument("--modes", default="none,model,sequential")
     ap.add_argument("--batches", default="8,4,2,1")
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--small-size", type=int, default=512, help="also measured at the smallest cap")
+    ap.add_argument("--small-size", type=int, default=512, help="also measured at the smallest cap (0: not)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per cell after the first (median)")
+    ap.add_argument(
+        "--compile",
+        choices=["", "fullgraph", "breaks"],
+        default="",
+        help="torch.compile the UNet after the offload hooks are on (fullgraph, or allowing graph breaks)",
+    )
     args = ap.parse_args()
     began = time.monotonic()
     total = torch.cuda.get_device_properties(0).total_memory
@@ -79,12 +85,21 @@ def main() -> None:
             pipe.to("cpu")
             pipe.enable_sequential_cpu_offload()
         torch.cuda.empty_cache()
+        if args.compile:
+            pipe.unet.compile(fullgraph=args.compile == "fullgraph", dynamic=False)
         warm = time.perf_counter()
-        run(pipe, 1, args.size, 2)
-        emit(args.out, {"kind": "warmup", "mode": mode, "seconds": round(time.perf_counter() - warm, 1),
+        try:
+            # the compile happens here, at the batch the cells run (a graph per batch size)
+            run(pipe, batches[0] if args.compile else 1, args.size, 2)
+        except Exception as exc:  # a fullgraph compile that cannot trace the offload hooks
+            emit(args.out, {"kind": "warmup", "mode": mode, "compile": args.compile, "error": f"{type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:300] if str(exc) else ''}"})  # fmt: skip
+            continue
+        emit(args.out, {"kind": "warmup", "mode": mode, "compile": args.compile,
+                        "seconds": round(time.perf_counter() - warm, 1),
                         "resident_gb": round(torch.cuda.memory_allocated() / 2**30, 2)})  # fmt: skip
         order = sorted(caps) if mode == "sequential" else caps  # sequential is slow: the small caps first
-        sizes = [(cap, args.size) for cap in order] + [(min(caps), args.small_size)]
+        sizes = [(cap, args.size) for cap in order] + ([(min(caps), args.small_size)] if args.small_size else [])
         for cap, size in sizes:
             if time.monotonic() - began > args.budget_s:
                 emit(args.out, {"kind": "skipped", "mode": mode, "cap_gb": cap, "size": size, "why": "budget"})
@@ -113,7 +128,8 @@ def main() -> None:
                        "runs_s": [round(t, 2) for t in times],
                        "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)}  # fmt: skip
                 break
-            emit(args.out, {"kind": "offload", "mode": mode, "cap_gb": cap, "size": size, "steps": args.steps,
+            emit(args.out, {"kind": "offload", "mode": mode, "compile": args.compile, "cap_gb": cap, "size": size,
+                            "steps": args.steps,
                             **(ran or {"runs": False})})  # fmt: skip
 
 

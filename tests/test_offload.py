@@ -257,3 +257,21 @@ def test_a_model_that_does_not_fit_is_the_workers_problem_not_the_jobs(cache_dir
     monkeypatch.setattr(cache, "_load", too_big)
     with pytest.raises(ModelLoadError, match=r"does not fit in this worker's GPU memory .*--offload model"):
         cache.get("sdxl-random")
+
+
+def test_sdxl_random_is_drawn_in_its_dtype_where_an_fp32_draw_does_not_fit(cache_dir, monkeypatch):
+    """Drawn in fp32 and cast, SDXL took 12.6 GiB to build a 6.5 GiB fp16 pipeline: past a 12 GiB
+    worker. The fp32 draw stays the default (fp16 and bf16 runs compare the same model)."""
+    from worker.pipelines import models
+
+    calls: list[bool] = []
+
+    def build(device: Any, dtype: Any, *, drawn_in_dtype: bool = False) -> str:
+        calls.append(drawn_in_dtype)
+        if not drawn_in_dtype:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 50.00 MiB")
+        return "pipeline"
+
+    monkeypatch.setattr(models, "sdxl_random", build)
+    assert PipelineCache(str(cache_dir), device="cpu")._load("sdxl-random") == "pipeline"
+    assert calls == [False, True]

@@ -162,8 +162,8 @@ class PipelineCache:
             speedups = Speedups(speedups.levers - NOT_WITH_OFFLOAD)
             if left_out:
                 log.info(
-                    "offload %s: running without %s (accelerate's offload hooks move weights inside forward, "
-                    "where a compiled graph cannot follow)",
+                    "offload %s: running without %s (a fullgraph compile cannot trace accelerate's offload hooks; "
+                    "docs/benchmarks.md)",
                     offload,
                     ",".join(sorted(left_out)),
                 )
@@ -201,7 +201,14 @@ class PipelineCache:
         from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionXLPipeline
 
         if model == "sdxl-random":
-            return models.sdxl_random(self.device, self.dtype)
+            try:
+                return models.sdxl_random(self.device, self.dtype)
+            except torch.OutOfMemoryError as exc:
+                exc.__traceback__ = None  # its frames hold the half-built model
+            gc.collect()
+            torch.cuda.empty_cache()
+            log.info("sdxl-random: drawing its weights in fp32 does not fit; drawing them in %s", self.dtype)
+            return models.sdxl_random(self.device, self.dtype, drawn_in_dtype=True)
         if model == "flux-random":
             return models.flux_random(self.device, torch.bfloat16 if self.device.type == "cuda" else self.dtype)
         source: str | Path = model
