@@ -16,7 +16,6 @@ jobs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -33,15 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.e2e_queue import done_at, environment  # noqa: E402
+from bench.offload import emit  # noqa: E402
 from common.queues import get_queue  # noqa: E402
 
 SPEC = re.compile(r"^(auto|none|model|sequential)@(\d+(?:\.\d+)?)(?::(\d+))?(?:x(\d+))?$")
-
-
-def emit(path: Path, line: dict) -> None:
-    print(json.dumps(line), flush=True)
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps(line) + "\n")
 
 
 def after(text: str, marker: str, keep: bool = False) -> str | None:

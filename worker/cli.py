@@ -158,15 +158,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     from worker.serving.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
     from worker.serving.runtime import Runtime
 
-    pipelines = PipelineCache(
-        settings.cache_dir,
-        settings.device,
-        settings.dtype,
-        settings.speedups,
-        compile_cache=settings.compile_cache_url(),
-        offload=settings.offload,
-        gpu_memory=settings.gpu_memory,
-    )
+    pipelines = PipelineCache.from_settings(settings)
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
     # force: a leasing worker configured logging before it knew its GPU (label "lease")

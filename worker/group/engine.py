@@ -54,9 +54,7 @@ class RankEngine:
         speedups = settings.speedups
         if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
             speedups = GROUP_CUDA_DEFAULT
-        self.pipelines = PipelineCache(
-            settings.cache_dir, settings.device, settings.dtype, speedups, compile_cache=settings.compile_cache_url()
-        )
+        self.pipelines = PipelineCache.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None
         if layout.cfg_parallel:

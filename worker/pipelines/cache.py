@@ -23,7 +23,7 @@ from transformers.utils import logging as transformers_logging
 from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
-from common.settings import point_compile_cache_at
+from common.settings import Settings, point_compile_cache_at
 from worker.pipelines import models
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
@@ -111,6 +111,21 @@ class PipelineCache:
         self.profiles = Profiles(Path(cache_dir) / "memory-profiles.json")
         self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
         self.loads = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> PipelineCache:
+        """The worker's pipelines as its settings say; ``overrides`` replace single arguments
+        (an xDiT group takes its own speed levers and never offloads)."""
+        options: dict[str, Any] = {
+            "cache_dir": settings.cache_dir,
+            "device": settings.device,
+            "dtype": settings.dtype,
+            "speedups": settings.speedups,
+            "compile_cache": settings.compile_cache_url(),
+            "offload": settings.offload,
+            "gpu_memory": settings.gpu_memory,
+        }
+        return cls(**(options | overrides))
 
     def get(self, model: str, on_progress: Callable[[str | None], None] | None = None) -> tuple[LoadedPipeline, float]:
         """The warm pipeline for ``model`` and the seconds this call spent loading it (0 when warm).
@@ -395,14 +410,9 @@ class PipelineCache:
         if loaded.merged is not None and (adapter is None or name is not None) and loaded.merged.current(name, scale):
             return  # nothing to change: no offload hooks to take off and put back
         with weights_in_place(loaded.pipe, loaded.offload, self.device):
-            if adapter is None:
-                assert loaded.merged is not None
-                loaded.merged.use(None, scale)
-                return
             if loaded.merged is None:
                 loaded.merged = MergedAdapters(loaded.pipe)
-            name = loaded.adapters.get(adapter)
-            if name is None:
+            if adapter is not None and name is None:
                 loaded.merged.restore()  # the new adapter wraps pristine weights
                 name = self._load_adapter(loaded, adapter)
             loaded.merged.use(name, scale)

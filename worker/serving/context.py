@@ -78,11 +78,5 @@ def _plain_runtime() -> Runtime:
         "diffq job run by a plain RQ worker: no heartbeats, no recovery of dead workers' jobs, no fenced "
         "recording; run `worker run` for those"
     )
-    pipelines = PipelineCache(
-        settings.cache_dir,
-        settings.device,
-        settings.dtype,
-        settings.speedups,
-        compile_cache=settings.compile_cache_url(),
-    )
+    pipelines = PipelineCache.from_settings(settings)
     return Runtime(settings, pipelines)
