@@ -132,6 +132,10 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             str(args.steps),
             "--guidance",
             str(args.guidance),
+            "--width",
+            str(args.size),
+            "--height",
+            str(args.size),
             "--output",
             str(out_dir),
         ],
@@ -193,7 +197,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "dtype": os.environ.get("DIFFQ_DTYPE", "auto"),
         "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
         "model": args.model,
-        "size": 1024,
+        "size": args.size,
         "steps": args.steps,
         "guidance": args.guidance,
         "adapters": adapters,
@@ -218,6 +222,17 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "median_pipeline_s": round(sorted(pipeline_s(j) for j in jobs)[len(jobs) // 2], 4),
         "median_total_s": round(sorted(t["total_s"] for t in timings)[len(timings) // 2], 4),
         "workers": sorted(per_worker),
+        # each job in order: its adapter, its time from start to done, and what loading or merging
+        # the adapter took inside it (the adapter issue's "first job of a new adapter" figure)
+        "job_trace": [
+            {
+                "adapter": (j.kwargs.get("spec") or {}).get("params", {}).get("adapter"),
+                "job_s": round(done_at(j) - j.started_at.timestamp(), 3),
+                **{k: j.return_value()["timings"].get(k) for k in ("adapter_s", "denoise_s", "total_s")},
+                "compiles": j.return_value().get("compiles"),
+            }
+            for j in ordered
+        ],
     }
     return record
 
@@ -234,6 +249,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--model", default="sdxl-random")
     ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--size", type=int, default=1024, help="width and height (64 for a CPU smoke run of tiny)")
     ap.add_argument("--speedups", default="auto")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument(

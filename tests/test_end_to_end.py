@@ -96,6 +96,16 @@ def test_warm_worker_loads_the_model_once(drained):
     assert jobs[0].worker_name.startswith("diffq-cpu-")
 
 
+def test_an_image_says_what_its_adapter_cost(drained):
+    """The first job of an adapter loads it and merges it: that time is the job's ``adapter_s``
+    (per image in the metadata), apart from its denoising, so a campaign's adapter switches can
+    be read from its results."""
+    lines = (drained["out"] / "metadata.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert all("adapter_s" in r["timings"] for r in records)
+    assert max(r["timings"]["adapter_s"] for r in records if r["adapter"] == "tiny-dora") > 0
+
+
 def test_rerun_of_a_done_file_adds_nothing(drained):
     args = ("--output", drained["out"], "--queue", QUEUE, "--redis-url", drained["url"])
     again = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, *args, "--chunk-size", "4")

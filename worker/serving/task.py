@@ -39,6 +39,8 @@ from worker.serving.failures import refused_here
 log = logging.getLogger("diffq.worker")
 
 META_SAVE_INTERVAL_S = 0.5
+#: a job's phases, timed in its result (and per image in its metadata lines)
+PHASES = ("load_s", "adapter_s", "encode_s", "denoise_s", "decode_s", "save_s")
 
 
 class JobLost(Exception):
@@ -113,9 +115,7 @@ class Run:
     plan: Plan
     progress: _Progress
     started: float = field(default_factory=time.perf_counter)
-    timings: dict[str, float] = field(
-        default_factory=lambda: {"load_s": 0.0, "encode_s": 0.0, "denoise_s": 0.0, "decode_s": 0.0, "save_s": 0.0}
-    )
+    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def conn(self) -> redis.Redis | None:
@@ -245,6 +245,7 @@ def _generate(run: Run) -> BatchResult:
         rt.breaker.failed(model, str(exc))
         raise refused_here(get_current_job(), rt.worker_name, model, exc) from None
     rt.breaker.succeeded(model)
+    started = time.perf_counter()  # an adapter's first job loads it, a switch merges it: both show here
     if params.adapter:
         adapter = f"adapter {params.adapter!r}"
         rt.breaker.check(adapter)
@@ -256,6 +257,7 @@ def _generate(run: Run) -> BatchResult:
         rt.breaker.succeeded(adapter)
     else:
         rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
+    timings["adapter_s"] = time.perf_counter() - started
 
     shape = (params.model, params.width, params.height)
     # at most what fitted so far; else a full chunk, so that a tail chunk is padded up to the
