@@ -1,0 +1,149 @@
+"""What an adapter's first job pays: load and merge, timed apart, three ways of loading.
+
+For goal 4 of the throughput issue (the first job of a new adapter within 1.2x of a steady
+job). The worker's first use of an adapter is ``pipe.load_lora_weights`` (PEFT wraps every
+target layer and loads the adapter's tensors) and then the merge into the base weights
+(:class:`worker.pipelines.adapters.MergedAdapters`). This times both on the worker's own
+code, for each adapter, with the adapter removed again between tries, and compares how the
+tensors reach PEFT:
+
+- ``path``: the file's path, as the worker has done (safetensors read into CPU memory; PEFT
+  moves and casts each of the ~1,100 tensors on its own);
+- ``device``: the file read straight onto the GPU (``safetensors.torch.load_file(device=)``),
+  the dict handed to ``load_lora_weights``;
+- ``device-dtype``: the same, floating tensors cast to the pipeline's dtype first.
+
+One cProfile of the ``path`` load per adapter goes to ``--profile`` (top functions by own
+time), to say where what is left goes.
+
+    python3 bench/make_adapters.py /tmp/adapters
+    python3 bench/adapter_load.py --out $OUT/adapter-load.jsonl --profile $OUT/adapter-profile.txt \
+        --adapters lora=/tmp/adapters/lora,dora=/tmp/adapters/dora --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.offload import emit
+from worker.pipelines.adapters import MergedAdapters
+from worker.pipelines.models import ensure_tiny, sdxl_random
+
+WAYS = ("path", "device", "device-dtype")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def source(pipe: Any, folder: Path, way: str) -> Any:
+    """What ``load_lora_weights`` is given for ``way``."""
+    if way == "path":
+        return str(folder)
+    from safetensors.torch import load_file
+
+    device = pipe.unet.device
+    tensors = load_file(str(next(folder.glob("*.safetensors"))), device=str(device))
+    if way == "device-dtype":
+        dtype = pipe.unet.dtype  # once: the property walks every parameter of the UNet
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    return tensors
+
+
+def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile | None = None) -> dict[str, float]:
+    """One first use of the adapter, as the worker's ``use_adapter`` does it, then removed again."""
+    merged = MergedAdapters(pipe)
+    sync()
+    t0 = time.perf_counter()
+    given = source(pipe, folder, way)
+    sync()
+    t1 = time.perf_counter()
+    if profile:
+        profile.enable()
+    pipe.load_lora_weights(given, adapter_name=name)
+    sync()
+    if profile:
+        profile.disable()
+    t2 = time.perf_counter()
+    merged.use(name, 1.0)
+    sync()
+    t3 = time.perf_counter()
+    # the merged weights, summed: the ways must agree on them (the same adapter, merged alike)
+    weights = [wrapper.get_base_layer().weight for _, _, wrapper in merged._unwrapped]
+    checksum = float(torch.stack([w.float().abs().sum() for w in weights]).sum())
+    merged.restore()
+    pipe.unload_lora_weights()
+    sync()
+    return {"read_s": t1 - t0, "load_s": t2 - t1, "merge_s": t3 - t2, "first_use_s": t3 - t0, "checksum": checksum}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--profile", type=Path)
+    ap.add_argument("--adapters", required=True, help="name=folder,name=folder")
+    ap.add_argument("--ways", default=",".join(WAYS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--model", choices=["sdxl-random", "tiny"], default="sdxl-random", help="tiny: a CPU smoke run")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, args.dtype)
+    started = time.perf_counter()
+    if args.model == "tiny":
+        from diffusers import StableDiffusionXLPipeline
+
+        pipe = StableDiffusionXLPipeline.from_pretrained(ensure_tiny("/tmp/diffq-bench-cache"), torch_dtype=dtype)
+    else:
+        pipe = sdxl_random(device, dtype)
+    sync()
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    import diffusers
+    import peft
+
+    base = {"gpu_name": gpu, "torch": torch.__version__, "diffusers": diffusers.__version__, "peft": peft.__version__}
+    emit(args.out, {**base, "kind": "build", "seconds": round(time.perf_counter() - started, 2)})
+    adapters = dict(item.split("=", 1) for item in args.adapters.split(","))
+    ways = args.ways.split(",")
+    first = next(iter(adapters.items()))
+    once(pipe, "warmup", Path(first[1]), "path")  # CUDA kernels and PEFT's imports, not an adapter's cost
+    for name, folder in adapters.items():
+        runs: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
+        for _ in range(args.repeats):
+            for way in ways:  # interleaved, so a drift in the machine hits each way alike
+                runs[way].append(once(pipe, name, Path(folder), way))
+        for way, times in runs.items():
+            line = {**base, "kind": "adapter-first-use", "adapter": name, "way": way, "repeats": len(times)}
+            for key in times[0]:
+                line[key] = round(statistics.median(t[key] for t in times), 4)
+            line["checksum"] = times[0]["checksum"]
+            line["first_use_all_s"] = [round(t["first_use_s"], 3) for t in times]
+            emit(args.out, line)
+        if args.profile:
+            profile = cProfile.Profile()
+            once(pipe, name, Path(folder), "path", profile)
+            text = io.StringIO()
+            stats = pstats.Stats(profile, stream=text)
+            text.write(f"== {name}: load_lora_weights(path), by own time\n")
+            stats.sort_stats("tottime").print_stats(18)
+            text.write(f"== {name}: by cumulative time\n")
+            stats.sort_stats("cumulative").print_stats(30)
+            with open(args.profile, "a", encoding="utf-8") as out:
+                out.write(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
