@@ -20,6 +20,10 @@ Merging and unmerging in fp16 drifts, so the weights are never "unmerged": the f
 layer is wrapped by an adapter its base weight is copied aside (pristine), and every switch
 copies the pristine weight back before merging the next adapter. The copies cost as much
 memory as the adapted layers (for an SDXL LoRA on the attention projections, about 1 GB in fp16).
+
+Most adapters never meet PEFT at all: a plain LoRA or DoRA on the UNet's linear layers is read
+as tensors and merged by :mod:`worker.pipelines.adapter_weights` (building PEFT's wrappers was
+most of an adapter's first job). PEFT loads the rest, and both kinds switch through here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing import Any
 
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
+
+from worker.pipelines.adapter_weights import AdapterWeights
 
 log = logging.getLogger("diffq.worker")
 
@@ -43,6 +49,10 @@ class MergedAdapters:
         self.pipe = pipe
         self.merged: tuple[str, float] | None = None
         self.disabled = False  # adapters switched off (a job without one)
+        #: adapters read without PEFT (worker/pipelines/adapter_weights.py), by name
+        self.direct: dict[str, AdapterWeights] = {}
+        #: adapters PEFT loaded (files the direct reader leaves to it)
+        self.peft: set[str] = set()
         self._pristine: dict[int, tuple[torch.nn.Module, torch.Tensor]] = {}
         #: PEFT's wrappers taken out of the model: (parent, attribute, wrapper)
         self._unwrapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
@@ -86,13 +96,16 @@ class MergedAdapters:
         self.merged = None
 
     @torch.no_grad()
+    def remember(self, base: torch.nn.Module) -> None:
+        """Copy ``base``'s weight aside the first time an adapter changes it."""
+        if id(base) not in self._pristine:
+            self._pristine[id(base)] = (base, base.weight.detach().clone())
+
     def remember_new_layers(self) -> None:
-        """Copy aside the base weight of every layer an adapter wraps for the first time. Call
+        """Copy aside the base weight of every layer a PEFT adapter wraps for the first time. Call
         it after :meth:`restore` and before merging (a newly loaded adapter may wrap new layers)."""
         for layer in self.layers():
-            base = layer.get_base_layer()
-            if id(base) not in self._pristine:
-                self._pristine[id(base)] = (base, base.weight.detach().clone())
+            self.remember(layer.get_base_layer())
 
     def current(self, name: str | None, scale: float) -> bool:
         """Whether ``name`` at ``scale`` (or no adapter) is what the pipeline runs with now."""
@@ -107,15 +120,18 @@ class MergedAdapters:
         started = time.perf_counter()
         self.restore()
         self.disabled = name is None
-        if name is None:
-            self.pipe.disable_lora()
-        else:
+        if name is not None and name in self.peft:
             self.remember_new_layers()
             self.pipe.enable_lora()
             self.pipe.set_adapters([name], adapter_weights=[scale])  # scaling = alpha / r * scale
             for layer in self.layers():
                 if name in getattr(layer, "lora_A", {}) or name in getattr(layer, "lora_B", {}):
                     layer.merge(adapter_names=[name])
+        elif self.peft:
+            self.pipe.disable_lora()  # PEFT's adapters add nothing while another one is merged
+        if name is not None and name in self.direct:
+            self.direct[name].merge_into(self.pipe.unet, scale, self.remember)
+        if name is not None:
             self.merged = (name, float(scale))
         self.unwrap()
         log.debug("adapter %s merged in %.3fs", name or "none", time.perf_counter() - started)

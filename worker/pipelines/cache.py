@@ -24,7 +24,8 @@ from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import models
+from worker.pipelines import adapter_weights, models
+from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
 from worker.pipelines.compile_cache import share_compile_cache
@@ -414,10 +415,10 @@ class PipelineCache:
                 loaded.merged = MergedAdapters(loaded.pipe)
             if adapter is not None and name is None:
                 loaded.merged.restore()  # the new adapter wraps pristine weights
-                name = self._load_adapter(loaded, adapter)
+                name = self._load_adapter(loaded, loaded.merged, adapter)
             loaded.merged.use(name, scale)
 
-    def _load_adapter(self, loaded: LoadedPipeline, adapter: str) -> str:
+    def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
         if not path.exists():
             presets = ", ".join(ADAPTER_PRESETS)
@@ -432,10 +433,17 @@ class PipelineCache:
             source, kwargs["weight_name"] = path.parent, path.name
         started = time.perf_counter()
         try:
-            loaded.pipe.load_lora_weights(str(source), **kwargs)
+            direct = adapter_weights.read(loaded.pipe, source, kwargs.get("weight_name"))
+            if isinstance(direct, AdapterWeights):
+                merged.direct[name] = direct
+                how = f"read, {len(direct.layers)} layers merged without PEFT"
+            else:
+                loaded.pipe.load_lora_weights(str(source), **kwargs)
+                merged.peft.add(name)
+                how = f"loaded by PEFT: {direct}"
         except Exception as exc:
             raise AdapterNotFound(f"adapter {adapter!r} cannot be loaded: {_first_line(exc)}") from exc
-        log.info("adapter %s loaded as %s in %.2fs", adapter, name, time.perf_counter() - started)
+        log.info("adapter %s %s, as %s in %.2fs", adapter, how, name, time.perf_counter() - started)
         loaded.adapters[adapter] = name
         return name
 
