@@ -11,7 +11,10 @@ tensors reach PEFT:
   moves and casts each of the ~1,100 tensors on its own);
 - ``device``: the file read straight onto the GPU (``safetensors.torch.load_file(device=)``),
   the dict handed to ``load_lora_weights``;
-- ``device-dtype``: the same, floating tensors cast to the pipeline's dtype first.
+- ``device-dtype``: the same, floating tensors cast to the pipeline's dtype first;
+- ``direct``: no PEFT: the tensors read by :mod:`worker.pipelines.adapter_weights` and merged
+  by it (the worker's way since 2026-11-25 for a plain LoRA or DoRA); "read" is the reading,
+  "load" nothing, "merge" the merge.
 
 One cProfile of the ``path`` load per adapter goes to ``--profile`` (top functions by own
 time), to say where what is left goes.
@@ -38,10 +41,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.offload import emit
+from worker.pipelines import adapter_weights
+from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.models import ensure_tiny, sdxl_random
 
-WAYS = ("path", "device", "device-dtype")
+WAYS = ("path", "device", "device-dtype", "direct")
 
 
 def sync() -> None:
@@ -68,12 +73,17 @@ def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile
     merged = MergedAdapters(pipe)
     sync()
     t0 = time.perf_counter()
-    given = source(pipe, folder, way)
+    given = adapter_weights.read(pipe, folder, None) if way == "direct" else source(pipe, folder, way)
     sync()
     t1 = time.perf_counter()
     if profile:
         profile.enable()
-    pipe.load_lora_weights(given, adapter_name=name)
+    if way == "direct":
+        assert isinstance(given, AdapterWeights), given  # the reason it would take PEFT's way
+        merged.direct[name] = given
+    else:
+        pipe.load_lora_weights(given, adapter_name=name)
+        merged.peft.add(name)
     sync()
     if profile:
         profile.disable()
@@ -82,10 +92,11 @@ def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile
     sync()
     t3 = time.perf_counter()
     # the merged weights, summed: the ways must agree on them (the same adapter, merged alike)
-    weights = [wrapper.get_base_layer().weight for _, _, wrapper in merged._unwrapped]
+    weights = [base.weight for base, _ in merged._pristine.values()]  # every layer the merge changed
     checksum = float(torch.stack([w.float().abs().sum() for w in weights]).sum())
     merged.restore()
-    pipe.unload_lora_weights()
+    if way != "direct":
+        pipe.unload_lora_weights()
     sync()
     return {"read_s": t1 - t0, "load_s": t2 - t1, "merge_s": t3 - t2, "first_use_s": t3 - t0, "checksum": checksum}
 
