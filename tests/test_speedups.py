@@ -77,6 +77,8 @@ def test_compile_unet_matches_eager_and_builds_no_graph_after_warm_up_across_tai
         assert np.abs(pixels(ref) - pixels(got)).max() <= 2
     runs = [(4, "tiny-dora"), (4, None), (3, None), (4, "tiny-dora"), (1, "tiny-dora"), (4, None)]
     assert [job(compiled, n, a).compiles for n, a in runs] == [0] * 6
+    merged = compiled.get("tiny")[0].merged
+    assert list(merged.direct) and not merged.peft  # the compiled UNet's layers are read directly
 
 
 def test_merged_adapters_match_peft_unmerged_forward_and_switch_back_exactly(cache_dir):
