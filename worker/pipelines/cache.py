@@ -1,5 +1,6 @@
-"""The worker's warm pipelines: loaded once per (model, dtype, device), adapters loaded once
-per name and switched with ``set_adapters`` rather than reloaded.
+"""The worker's warm pipelines: loaded once per (model, dtype, device), adapters read once per
+name and switched by merging them into the weights rather than reloaded
+(:mod:`worker.pipelines.adapters`).
 
 This cache is the one piece of global mutable state in the worker, on purpose: loading SDXL
 takes tens of seconds, a job takes a few, so every job after the first must find it warm.
