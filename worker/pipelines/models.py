@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,20 @@ def byte_tokenizer(vocab_size: int | None = None):
         )
 
 
+@contextmanager
+def drawn(seed: int, dtype: torch.dtype, device: str | torch.device) -> Iterator[None]:
+    """Modules made in the body draw their random weights from ``seed``, in ``dtype``, on
+    ``device``: where they will run (no CPU copy to move) and reproducibly."""
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
 def build_sdxl(
     unet: dict[str, Any],
     vae: dict[str, Any],
@@ -182,19 +198,13 @@ def build_sdxl(
         "pad_token_id": tokenizer.pad_token_id,
         "max_position_embeddings": 77,
     }
-    torch.manual_seed(seed)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(build_dtype)
-    try:
-        with torch.device(device):
-            parts = {
-                "unet": UNet2DConditionModel(**unet),
-                "vae": AutoencoderKL(**vae),
-                "text_encoder": CLIPTextModel(CLIPTextConfig(**text, **ids)),
-                "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**text_2, **ids)),
-            }
-    finally:
-        torch.set_default_dtype(default)
+    with drawn(seed, build_dtype, device):
+        parts = {
+            "unet": UNet2DConditionModel(**unet),
+            "vae": AutoencoderKL(**vae),
+            "text_encoder": CLIPTextModel(CLIPTextConfig(**text, **ids)),
+            "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**text_2, **ids)),
+        }
     parts = {name: module.to(dtype=dtype).eval() for name, module in parts.items()}
     return StableDiffusionXLPipeline(
         **parts,
@@ -284,19 +294,13 @@ def build_flux(
         "max_position_embeddings": 77,
     }
     t5_ids = {"vocab_size": len(t5_tokenizer), "pad_token_id": t5_tokenizer.pad_token_id, "decoder_start_token_id": 0}
-    torch.manual_seed(seed)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            parts = {
-                "transformer": FluxTransformer2DModel(**transformer),
-                "vae": AutoencoderKL(**vae),
-                "text_encoder": CLIPTextModel(CLIPTextConfig(**clip, **ids)),
-                "text_encoder_2": T5EncoderModel(T5Config(**t5, **t5_ids)),
-            }
-    finally:
-        torch.set_default_dtype(default)
+    with drawn(seed, dtype, device):
+        parts = {
+            "transformer": FluxTransformer2DModel(**transformer),
+            "vae": AutoencoderKL(**vae),
+            "text_encoder": CLIPTextModel(CLIPTextConfig(**clip, **ids)),
+            "text_encoder_2": T5EncoderModel(T5Config(**t5, **t5_ids)),
+        }
     parts = {name: module.eval() for name, module in parts.items()}
     return FluxPipeline(
         **parts,
