@@ -48,6 +48,7 @@ ENV_NAMES: dict[str, str] = {
     "group_timeout": "DIFFQ_GROUP_TIMEOUT",
     "overlap_save": "DIFFQ_OVERLAP_SAVE",
     "compile_cache": "DIFFQ_COMPILE_CACHE",
+    "precompile": "DIFFQ_PRECOMPILE",
     "offload": "DIFFQ_OFFLOAD",
     "gpu_memory": "DIFFQ_GPU_MEMORY",
 }
@@ -99,6 +100,9 @@ class Settings:
     #: ``redis`` (also the queue's Redis, so a new host of the fleet loads what another compiled)
     #: or a redis:// URL of another Redis
     compile_cache: str = "local"
+    #: keep the compiled UNet and VAE decoder as files (worker/pipelines/precompiled.py), so a
+    #: restarted worker loads them instead of tracing again; 0: torch.compile's lazy way only
+    precompile: bool = True
     #: where the pipeline's weights live between uses (worker/pipelines/offload.py): ``none`` (on
     #: the GPU), ``model`` (on the CPU, one component at a time on the GPU), ``sequential`` (one
     #: layer at a time) or ``auto`` (the lightest that fits the GPU's memory with a batch)

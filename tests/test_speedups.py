@@ -6,6 +6,7 @@ unmerged forward, and FP8's start-up refusal and fp16 redo. Speed itself is meas
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from common.presets import CUDA_DEFAULT_SPEEDUPS as CUDA_DEFAULT
 from worker.pipelines.backend import Batch
 from worker.pipelines.cache import PipelineCache
 from worker.pipelines.generate import run_batch
+from worker.pipelines.precompiled import Precompiled
 from worker.pipelines.speedups import Speedups
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
@@ -64,21 +66,34 @@ def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_
 
 
 @pytest.mark.slow
-def test_compile_unet_matches_eager_and_builds_no_graph_after_warm_up_across_tails_and_adapters(cache_dir):
+def test_compile_unet_matches_eager_and_builds_no_graph_after_warm_up_across_tails_and_adapters(cache_dir, redis_url):
     """The whole UNet as one graph: pixels within 2/255 of eager, and after the warm-up no
     graph at all: not for a tail chunk, nor the first adapter merged into the weights, nor
     adapters switched off again (PEFT's wrappers are out of the model between switches)."""
     eager = PipelineCache(str(cache_dir), device="cpu", speedups="none")
-    compiled = PipelineCache(str(cache_dir), device="cpu", speedups="compile-unet")
+    compiled = PipelineCache(str(cache_dir), device="cpu", speedups="compile-unet", compile_cache=redis_url)
     reference, first = job(eager, 4), job(compiled, 4)
     assert first.compiles > 0
-    assert compiled.get("tiny")[0].pipe.unet._compiled_call_impl is not None
+    assert isinstance(compiled.get("tiny")[0].pipe.unet.forward, Precompiled)
     for ref, got in zip(reference.images, first.images, strict=True):
         assert np.abs(pixels(ref) - pixels(got)).max() <= 2
     runs = [(4, "tiny-dora"), (4, None), (3, None), (4, "tiny-dora"), (1, "tiny-dora"), (4, None)]
-    assert [job(compiled, n, a).compiles for n, a in runs] == [0] * 6
+    results = [job(compiled, n, a) for n, a in runs]
+    assert [r.compiles for r in results] == [0] * 6
     merged = compiled.get("tiny")[0].merged
     assert list(merged.direct) and not merged.peft  # the compiled UNet's layers are read directly
+
+    # a restarted worker, and a new host that finds the file only in the shared Redis: no
+    # graph traced, the same pixels, and the adapter merged into the weights the file computes with
+    assert compiled.precompiled.compiled == 1
+    for host in ("restarted", "new"):
+        if host == "new":
+            shutil.rmtree(compiled.precompiled.folder)
+        again = PipelineCache(str(cache_dir), device="cpu", speedups="compile-unet", compile_cache=redis_url)
+        plain, adapted = job(again, 4), job(again, 4, "tiny-dora")
+        assert (plain.compiles, adapted.compiles, again.precompiled.loaded) == (0, 0, 1)
+        assert all(np.array_equal(pixels(a), pixels(b)) for a, b in zip(plain.images, first.images, strict=True))
+        assert all(np.array_equal(pixels(a), pixels(b)) for a, b in zip(adapted.images, results[0].images, strict=True))
 
 
 def test_merged_adapters_match_peft_unmerged_forward_and_switch_back_exactly(cache_dir):
@@ -349,7 +364,7 @@ def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(c
     reference = job(eager, 4)
     first = job(compiled, 4)
     assert first.compiles > 0
-    assert compiled.get("tiny")[0].pipe.vae.decoder._compiled_call_impl is not None
+    assert isinstance(compiled.get("tiny")[0].pipe.vae.decoder.forward, Precompiled)
     for ref, got in zip(reference.images, first.images, strict=True):
         assert np.abs(pixels(ref) - pixels(got)).max() <= 2
     assert [job(compiled, n).compiles for n in (3, 1)] == [0, 0]

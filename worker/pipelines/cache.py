@@ -34,6 +34,7 @@ from worker.pipelines.generate import BatchResult, is_oom, run_batch, run_split
 from worker.pipelines.loading import download_progress
 from worker.pipelines.memory import Budget, GiB, Profiles, largest_batch, measure_peak, profile_key
 from worker.pipelines.offload import NOT_WITH_OFFLOAD, place, weights_bytes, weights_in_place
+from worker.pipelines.precompiled import Store, install
 from worker.pipelines.speedups import COMPILE_LEVERS, Speedups, graphs_compiled, warm_up
 from worker.pipelines.speedups import apply as apply_speedups
 
@@ -94,11 +95,14 @@ class PipelineCache:
         compile_cache: str | None = None,
         offload: str = "none",
         gpu_memory: float = 0.0,
+        precompile: bool = True,
     ) -> None:
         # compiled kernels persist beside the models, so a restarted worker skips most compile
         # time; with a shared compile cache (a Redis URL) a new host finds them there too
-        point_compile_cache_at(cache_dir)
+        compiled = point_compile_cache_at(cache_dir)
         share_compile_cache(compile_cache)
+        #: the UNet's and decoder's compiled graphs as files (None: torch.compile's lazy way)
+        self.precompiled = Store(compiled / "precompiled", compile_cache) if precompile else None
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -126,6 +130,7 @@ class PipelineCache:
             "compile_cache": settings.compile_cache_url(),
             "offload": settings.offload,
             "gpu_memory": settings.gpu_memory,
+            "precompile": settings.precompile,
         }
         return cls(**(options | overrides))
 
@@ -185,13 +190,21 @@ class PipelineCache:
                     ",".join(sorted(left_out)),
                 )
         elif speedups.levers & NOT_WITH_OFFLOAD:
-            apply_speedups(pipe, Speedups(speedups.levers & NOT_WITH_OFFLOAD))
+            apply_speedups(pipe, Speedups(speedups.levers & NOT_WITH_OFFLOAD), self._compiler(model, speedups))
         seconds = time.perf_counter() - started
         self.loads += 1
         log.info("model %s ready in %.1fs (offload %s)", model, seconds, offload)
         loaded = LoadedPipeline(pipe=pipe, model=model, load_seconds=seconds, offload=offload, speedups=speedups)
         self._loaded[key] = loaded
         return loaded, seconds
+
+    def _compiler(self, model: str, speedups: Speedups) -> Callable[[torch.nn.Module], None] | None:
+        """How ``compile-unet`` and ``compile-vae`` compile: into files that outlive the process."""
+        store = self.precompiled
+        if store is None:
+            return None
+        identity = {"model": model, "dtype": str(self.dtype), "speedups": speedups.describe()}
+        return lambda module: install(module, store, identity)
 
     def _no_room(self, model: str, exc: BaseException) -> ModelLoadError:
         """A model that does not fit this worker's GPU is the worker's problem, not the job's: a

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,12 +89,16 @@ def _check_fp8(device: torch.device) -> None:
         raise ConfigError("--speedups fp8 needs torchao: pip install torchao (or drop fp8)") from None
 
 
-def apply(pipe: Any, speedups: Speedups) -> float:
+def apply(pipe: Any, speedups: Speedups, compile_whole: Callable[[torch.nn.Module], None] | None = None) -> float:
     """Apply the levers to a freshly loaded pipeline; returns seconds spent (compile is lazy).
 
+    ``compile_whole`` compiles one module as a single static graph (the UNet for
+    ``compile-unet``, the VAE decoder for ``compile-vae``); by default ``torch.compile``, the
+    worker's cache gives it files that outlive the process (:mod:`worker.pipelines.precompiled`).
     The levers are written for SDXL's UNet. A DiT pipeline (FLUX) takes ``compile-blocks`` (its
     transformer's repeated blocks) and runs without the others."""
     started = time.perf_counter()
+    compile_whole = compile_whole or _compile_lazily
     unet = getattr(pipe, "unet", None)
     if unet is None:
         return _apply_to_transformer(pipe, speedups)
@@ -110,7 +115,7 @@ def apply(pipe: Any, speedups: Speedups) -> float:
     if "compile-unet" in speedups:
         # one graph: also fuses what lies between the blocks (Transformer2DModel's GroupNorm and
         # permutes, the samplers, the skip concatenations); measured 240 against 254 ms a step
-        unet.compile(fullgraph=True, dynamic=False)
+        compile_whole(unet)
         if speedups.levers & {"compile-blocks", "compile-resnets"}:
             log.info("speedups: compile-unet compiles the whole UNet; compile-blocks/compile-resnets are left out")
     elif "compile-blocks" in speedups:
@@ -128,7 +133,7 @@ def apply(pipe: Any, speedups: Speedups) -> float:
     if "compile-vae" in speedups:
         # the decoder is memory-bound (14 % of the matmul ceiling on an H100): fusing its
         # GroupNorm, SiLU and residual adds saves passes over 1024² activations
-        pipe.vae.decoder.compile(fullgraph=True, dynamic=False)
+        compile_whole(pipe.vae.decoder)
     if "vae-fp16" in speedups:
         pipe.vae.config.force_upcast = False
     if "cudnn-benchmark" in speedups:
@@ -137,6 +142,10 @@ def apply(pipe: Any, speedups: Speedups) -> float:
         torch.backends.cudnn.benchmark = True
     log.info("speedups: %s", speedups.describe())
     return time.perf_counter() - started
+
+
+def _compile_lazily(module: torch.nn.Module) -> None:
+    module.compile(fullgraph=True, dynamic=False)
 
 
 def _apply_to_transformer(pipe: Any, speedups: Speedups) -> float:
