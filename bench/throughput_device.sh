@@ -77,6 +77,39 @@ for phase in "$@"; do
         python3 -c "import redis; r = redis.Redis(port=6391); k = list(r.scan_iter('pt2:*')); \
 print('$tag: redis pt2 keys', len(k), 'bytes', sum(r.strlen(x) for x in k))" | tee -a $OUT/fleet.txt
       done ;;
+    apis)  # which of torch's ahead-of-time pieces this torch has (a warm host's start without Dynamo's trace)
+      python3 - <<'PY' 2>&1 | tee -a $OUT/apis.txt
+import inspect, torch, torch._dynamo, torch._inductor, torch.compiler
+from torch._dynamo.eval_frame import OptimizedModule
+print("torch", torch.__version__)
+for owner, name in [(torch._dynamo, "aot_compile"), (torch.compiler, "load_compiled_function"),
+                    (torch.compiler, "save_cache_artifacts"), (torch._inductor, "aoti_compile_and_package"),
+                    (torch._inductor, "aoti_load_package"), (OptimizedModule, "_aot_compile"),
+                    (OptimizedModule, "_save_aot_compiled_module"), (OptimizedModule, "_load_aot_compiled_module")]:
+    f = getattr(owner, name, None)
+    try:
+        sig = str(inspect.signature(f)) if f else "-"
+    except (TypeError, ValueError):
+        sig = "?"
+    print(f"{owner.__name__}.{name}: {'yes' if f else 'no'} {sig}")
+PY
+      ;;
+    precompile)  # compiled graphs kept as files (worker/pipelines/precompiled.py): host A compiles with
+      # empty folders and a shared cache Redis; host B, empty folders of its own, loads A's files from
+      # Redis; B again, its folder warm; then the lazy torch.compile of before (DIFFQ_PRECOMPILE=0) on A's
+      # warm folder: the baseline a warm host had
+      LD_LIBRARY_PATH="$PWD/.redis/usr/lib/x86_64-linux-gnu" /tmp/redis-bin/redis-server --port 6391 --bind 127.0.0.1 \
+        --save "" --appendonly no --daemonize yes --dir /tmp --logfile /tmp/redis-cache.log
+      for run in A:preA:1 B:preB:1 B:preBwarm:1 A:lazyAwarm:0; do
+        IFS=: read -r h tag on <<< "$run"
+        DIFFQ_PRECOMPILE=$on DIFFQ_COMPILE_CACHE=redis://127.0.0.1:6391/0 TORCHINDUCTOR_CACHE_DIR=/tmp/host$h/inductor \
+          timeout ${PRE_S:-200} python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu ${START_IMAGES:-24} \
+          --timeout $(( ${PRE_S:-200} - 10 )) > $OUT/$tag.log 2>&1
+        grep -h "compiled graphs\|compiled for" $OUT/worker-bench1$tag.log | cut -c1-300 | tee -a $OUT/precompile.txt
+        python3 -c "import redis; r = redis.Redis(port=6391); k = list(r.scan_iter('diffq:compiled:*')); \
+print('$tag: redis files', len(k), 'bytes', sum(r.strlen(x) for x in k))" | tee -a $OUT/precompile.txt
+        du -sh /tmp/host$h/inductor/precompiled 2>/dev/null | tee -a $OUT/precompile.txt
+      done ;;
     serial)  # the defaults with overlap off (DIFFQ_OVERLAP_SAVE=0), a fresh worker on the warm cache
       DIFFQ_OVERLAP_SAVE=0 timeout 240 python3 bench/e2e_queue.py --out $R --tag serial --images-per-gpu 32 \
         --timeout 230 > $OUT/serial.log 2>&1 ;;
