@@ -100,7 +100,7 @@ PY
       # warm folder: the baseline a warm host had
       LD_LIBRARY_PATH="$PWD/.redis/usr/lib/x86_64-linux-gnu" /tmp/redis-bin/redis-server --port 6391 --bind 127.0.0.1 \
         --save "" --appendonly no --daemonize yes --dir /tmp --logfile /tmp/redis-cache.log
-      for run in A:preA:1 B:preB:1 B:preBwarm:1 A:lazyAwarm:0; do
+      for run in ${PRE_RUNS:-A:preA:1 B:preB:1 B:preBwarm:1 A:lazyAwarm:0}; do  # host:tag:DIFFQ_PRECOMPILE
         IFS=: read -r h tag on <<< "$run"
         DIFFQ_PRECOMPILE=$on DIFFQ_COMPILE_CACHE=redis://127.0.0.1:6391/0 TORCHINDUCTOR_CACHE_DIR=/tmp/host$h/inductor \
           timeout ${PRE_S:-200} python3 bench/e2e_queue.py --out $R --tag $tag --images-per-gpu ${START_IMAGES:-24} \
