@@ -155,6 +155,17 @@ def byte_tokenizer(vocab_size: int | None = None):
         )
 
 
+def clip_ids(tokenizer: Any) -> dict[str, int]:
+    """What a CLIP text encoder's config takes from its tokenizer (SDXL's two, FLUX's first)."""
+    return {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "max_position_embeddings": 77,
+    }
+
+
 @contextmanager
 def drawn(seed: int, dtype: torch.dtype, device: str | torch.device) -> Iterator[None]:
     """Modules made in the body draw their random weights from ``seed``, in ``dtype``, on
@@ -191,13 +202,7 @@ def build_sdxl(
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     tokenizer = byte_tokenizer(vocab_size)
-    ids = {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "max_position_embeddings": 77,
-    }
+    ids = clip_ids(tokenizer)
     with drawn(seed, build_dtype, device):
         parts = {
             "unet": UNet2DConditionModel(**unet),
@@ -286,13 +291,7 @@ def build_flux(
     clip_tokenizer = byte_tokenizer(clip_vocab)
     t5_tokenizer = byte_tokenizer(t5_vocab)
     t5_tokenizer.model_max_length = 512
-    ids = {
-        "vocab_size": len(clip_tokenizer),
-        "bos_token_id": clip_tokenizer.bos_token_id,
-        "eos_token_id": clip_tokenizer.eos_token_id,
-        "pad_token_id": clip_tokenizer.pad_token_id,
-        "max_position_embeddings": 77,
-    }
+    ids = clip_ids(clip_tokenizer)
     t5_ids = {"vocab_size": len(t5_tokenizer), "pad_token_id": t5_tokenizer.pad_token_id, "decoder_start_token_id": 0}
     with drawn(seed, dtype, device):
         parts = {

@@ -23,6 +23,7 @@ a file another version wrote, a guard that does not hold) falls back to the lazy
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -61,11 +62,20 @@ class Store:
             return path.read_bytes()
         data = self._remote_call("get", REMOTE_PREFIX + key)
         if data:
-            self._write_local(key, data)
+            self._keep(key, lambda path: Path(path).write_bytes(data))
         return data
 
     def write(self, key: str, save: Callable[[str], None]) -> None:
-        """``save(path)`` writes the file; it appears under its name whole or not at all."""
+        """``save(path)`` writes the file; it appears under its name whole or not at all, and
+        goes to the shared Redis too."""
+        self._keep(key, save)
+        if self.remote_url:
+            data = (self.folder / f"{key}.pt2").read_bytes()
+            if len(data) <= REMOTE_MAX_BYTES:
+                self._remote_call("set", REMOTE_PREFIX + key, data)
+
+    def _keep(self, key: str, save: Callable[[str], None]) -> None:
+        """The file on this host, by a temporary name renamed into place."""
         self.folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.", suffix=".tmp")
         os.close(fd)
@@ -75,17 +85,11 @@ class Store:
             os.replace(tmp, self.folder / f"{key}.pt2")
         finally:
             Path(tmp).unlink(missing_ok=True)
-        data = (self.folder / f"{key}.pt2").read_bytes()
-        if self.remote_url and len(data) <= REMOTE_MAX_BYTES:
-            self._remote_call("set", REMOTE_PREFIX + key, data)
 
     def forget(self, key: str) -> None:
         """A file that could not be loaded: compiled again and written over, here and remotely."""
         (self.folder / f"{key}.pt2").unlink(missing_ok=True)
         self._remote_call("delete", REMOTE_PREFIX + key)
-
-    def _write_local(self, key: str, data: bytes) -> None:
-        self.write(key, lambda path: Path(path).write_bytes(data))
 
     def _remote_call(self, method: str, *args: Any) -> Any:
         if not self.remote_url:
@@ -234,8 +238,6 @@ def save(module: torch.nn.Module, function: Any, path: str) -> None:
 
 
 def load(module: torch.nn.Module, data: bytes) -> Any:
-    import io
-
     torch._dynamo.config.enable_aot_compile = True
     return torch.compiler.load_compiled_function(io.BytesIO(data), external_data=external_data(module))
 
