@@ -6,8 +6,9 @@
 - ``r:<job id>``: done once, queued again because its images went missing on disk while its
   metadata lines stayed. The lines are not written again; the images are counted again when
   they are written (CLAIM took them off the count: a count is never ahead of the disk).
-- ``done``: its images are written, its metadata lines recorded, and it is counted in
-  ``diffq:<queue>:images``.
+- ``done:<output id>``: its images are written in that output (:func:`common.naming.output_id`),
+  its metadata lines recorded, and it is counted in ``diffq:<queue>:images``. A plain ``done``
+  (written before outputs were named) means the same for an output not known.
 
 A done item whose images *and* lines are gone is queued again as a plain ``<job id>``, off the
 count too: it is made, recorded and counted as if new.
@@ -35,10 +36,26 @@ from typing import Any
 
 import redis
 
+from common.naming import output_id
 from common.queues import RECENT_WINDOW_S, enqueued_key, images_key, intents_key, items_key, recent_key
 from common.rq_keys import queue_key, rq_names, started_registry_key
 
 DONE = "done"
+
+
+def is_done(state: bytes | str | None) -> bool:
+    """``done`` or ``done:<output id>``: the item's images and lines are written."""
+    if isinstance(state, bytes):
+        return state.startswith(b"done")
+    return bool(state) and state.startswith(DONE)  # type: ignore[union-attr]
+
+
+def done_in(state: bytes | str | None) -> str | None:
+    """The output id a done state names (None: a plain ``done``, or not done)."""
+    text = state.decode() if isinstance(state, bytes) else state
+    return text[len(DONE) + 1 :] if text and text.startswith(DONE + ":") else None
+
+
 REDO_PREFIX = "r:"
 #: CLAIM's redo flags: make an item that is not done; remake a done item's images (its lines are
 #: there); remake a done item's images and lines
@@ -67,7 +84,7 @@ for i = 1, n do
   local free = false
   if not state then
     free = true
-  elseif state == 'done' then
+  elseif string.sub(state, 1, 4) == 'done' then
     free = ARGV[first + n + i] ~= '0'
   else
     local owner = state
@@ -89,7 +106,7 @@ for i = 1, n do
   local count = tonumber(ARGV[first + 2 * n + i])
   local state = redis.call('HGET', KEYS[1], key)
   local value = ARGV[1]
-  if state == 'done' then
+  if state and string.sub(state, 1, 4) == 'done' then
     uncounted = uncounted + count
     if flag == '1' then value = 'r:' .. ARGV[1] end
   elseif state and string.sub(state, 1, 2) == 'r:' then
@@ -116,24 +133,25 @@ for i = 3, #ARGV do
   local key = ARGV[i]
   local state = redis.call('HGET', KEYS[2], key) or ''
   local intent = redis.call('HGET', KEYS[3], key) or ''
-  if state ~= 'done' and intent == '' then redis.call('HSET', KEYS[3], key, ARGV[2]) end
+  if string.sub(state, 1, 4) ~= 'done' and intent == '' then redis.call('HSET', KEYS[3], key, ARGV[2]) end
   table.insert(out, {state, intent})
 end
 return out
 """
 
 #: KEYS: started registry, items, intents, images counter, recent. ARGV: execution member, now,
-#: window start, recent member, then (item key, images) pairs. Returns -1 if the execution is no
-#: longer this worker's, else the number of images newly counted.
+#: window start, recent member, the done state (``done:<output id>``), then (item key, images)
+#: pairs. Returns -1 if the execution is no longer this worker's, else the number of images
+#: newly counted.
 COMMIT = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
 local counted = 0
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local key = ARGV[i]
   local state = redis.call('HGET', KEYS[2], key)
-  if state ~= 'done' then
+  if not state or string.sub(state, 1, 4) ~= 'done' then
     counted = counted + tonumber(ARGV[i + 1])
-    redis.call('HSET', KEYS[2], key, 'done')
+    redis.call('HSET', KEYS[2], key, ARGV[5])
   end
   redis.call('HDEL', KEYS[3], key)
 end
@@ -154,7 +172,7 @@ class Begun:
     @property
     def recorded(self) -> bool:
         """Its metadata lines are in the file already (done, or done once and being remade)."""
-        return self.state == DONE or self.state.startswith(REDO_PREFIX)
+        return is_done(self.state) or self.state.startswith(REDO_PREFIX)
 
 
 class Ledger:
@@ -217,14 +235,15 @@ class Ledger:
         return [Begun(state.decode(), int(intent) if intent else None) for state, intent in out]
 
     def commit(
-        self, *, member: str, images: dict[str, int], recent_member: str, now: float | None = None
+        self, *, member: str, images: dict[str, int], recent_member: str, output: str, now: float | None = None
     ) -> int | None:
-        """Mark the items done and count their images; None if this execution lost the job.
-        ``recent_member`` goes into the window of recent jobs that status computes rates from."""
+        """Mark the items done in ``output`` and count their images; None if this execution lost
+        the job. ``recent_member`` goes into the window of recent jobs that status computes rates
+        from."""
         now = time.time() if now is None else now
         pairs = [v for key, count in images.items() for v in (key, count)]
         out = self._commit(
             keys=[self.started_key, self.items_key, self.intents_key, self.images_key, self.recent_key],
-            args=[member, now, now - RECENT_WINDOW_S, recent_member, *pairs],
+            args=[member, now, now - RECENT_WINDOW_S, recent_member, f"{DONE}:{output_id(output)}", *pairs],
         )
         return None if out == -1 else int(out)

@@ -88,6 +88,13 @@ def job_id(keys: list[str], output: str, queue: str) -> str:
     return f"{JOB_PREFIX}{_digest({'keys': keys, 'output': output, 'queue': queue})[:KEY_CHARS]}"
 
 
+def output_id(location: str) -> str:
+    """A short name for an output (a folder or a bucket prefix, as ``producer enqueue`` wrote it
+    into the job): the ledger marks each done item with the output that holds it, so
+    ``producer verify`` of one output checks that output's items only."""
+    return _digest({"output": location.rstrip("/")})[:8]
+
+
 def image_relpath(key: str, index: int) -> str:
     """Path of image ``index`` of an item, relative to the output folder.
 

@@ -18,6 +18,7 @@ job state. Beside them we keep only what RQ cannot tell us:
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -185,9 +186,15 @@ def checked_key(queue: str) -> str:
 
 
 def seen_key(queue: str) -> str:
-    """``<host>\t<output>`` of the hosts whose producer saw a local output folder: if it is gone
-    later, it was deleted (its images are made again), not merely out of this host's sight."""
+    """``<host>\t<output>`` of the hosts where a local output folder was seen: by a producer
+    that found it, or by a worker that wrote into it. If it is gone later on such a host, it was
+    deleted (its images are made again), not merely out of this host's sight."""
     return f"diffq:{queue}:seen"
+
+
+def seen_member(output: str) -> str:
+    """This host's member of :func:`seen_key` for a local ``output`` (as the job names it)."""
+    return f"{socket.gethostname()}\t{output}"
 
 
 def finished_key(queue: str) -> str:

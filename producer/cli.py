@@ -240,7 +240,7 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
     click.echo(f"reading queue {settings.queue!r}'s ledger and the metadata of {output} ...", err=True)
     bar = Progress(f"verify {output}", 256, "folders")
     try:
-        report = check(store, conn, settings.queue, deep=deep, on_bucket=bar.update)
+        report = check(store, conn, settings.queue, deep=deep, on_bucket=bar.update, ttl=settings.heartbeat_ttl)
     except DiffqError:
         raise
     except Exception as exc:
@@ -251,7 +251,9 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
     bar.close()
     click.echo("\n".join(describe_check(report, output, settings.queue)))
     if report.clean:
-        click.echo("clean: the output equals the ledger")
+        unfinished = report.in_flight + report.failed
+        click.echo("clean: the output equals the ledger" + (
+            f"; not finished: {unfinished} item(s) still queued, running or failed" if unfinished else ""))  # fmt: skip
         return
     if not repair:
         click.echo("producer verify --repair fixes what can be fixed", err=True)
@@ -377,7 +379,8 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
         if st.pending == 0:
             break
         now = time.monotonic()
-        state = (st.images_written, round(st.images_in_progress, 3), st.finished, st.failed, st.queued, st.running)
+        state = (st.images_written, round(st.images_in_progress, 3), st.finished, st.failed, st.queued, st.running,
+                 st.lost)  # fmt: skip
         if state != last:
             last, moved_at = state, now
         if timeout is not None and now - started > timeout:
@@ -401,6 +404,13 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             err=True,
         )
         sys.exit(1)
+    if st.unaccounted:
+        click.echo(
+            f"queue {settings.queue!r} has no job left, but {st.unaccounted} image(s) of the campaign are in none "
+            "(stopped, cancelled or deleted jobs): producer enqueue of their prompts file queues them again",
+            err=True,
+        )
+        sys.exit(1)
     click.echo(f"queue {settings.queue!r} drained: {st.finished} job(s) finished, {st.images_written} images written")
 
 
@@ -409,6 +419,10 @@ def _wait_extra(st: QueueStatus) -> str:
     steps = [r.text() for r in st.running_jobs[:2]]
     if steps:
         parts[-1] += f" ({'; '.join(steps)})"
+    if st.starting:
+        parts.append(f"{st.starting} starting")
+    if st.lost:
+        parts.append(f"{st.lost} lost (a worker re-queues them)")
     if st.failed:
         parts.append(f"{st.failed} failed")
     if st.stalled:

@@ -10,7 +10,6 @@ resumes the campaign and adds nothing twice.
 from __future__ import annotations
 
 import hashlib
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,9 +22,10 @@ from rq.utils import now
 
 from common.errors import ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
-from common.ledger import DONE, MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger
+from common.ledger import MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger, is_done
 from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
-from common.queues import TASK_FUNC, get_queue, items_key, seen_key
+from common.queues import TASK_FUNC, get_queue, items_key, seen_key, seen_member
+from common.rq_keys import rq_names
 from common.settings import Settings
 from common.storage import Store, is_url, local_path, problem
 from producer.metadata import recorded_names
@@ -197,7 +197,7 @@ class Enqueuer:
         workers elsewhere): then only Redis is trusted."""
         if self._store is not None:
             return True, False
-        member = f"{socket.gethostname()}\t{self.options.output}"
+        member = seen_member(self.options.output)
         if self._output.is_dir():
             self.conn.sadd(seen_key(queue_name), member)
             return True, False
@@ -212,7 +212,7 @@ class Enqueuer:
             return []
         unique = list(dict.fromkeys(key for key, _ in batch))
         states = dict(zip(unique, self.conn.hmget(self.items_key, unique), strict=True))
-        owners = {_owner(v) for v in states.values() if v is not None and v != DONE.encode()}
+        owners = {_owner(v) for v in states.values() if v is not None and not is_done(v)}
         with self.conn.pipeline(transaction=False) as pipe:
             for owner in owners:
                 pipe.hget(Job.key_for(owner), "status")
@@ -224,13 +224,13 @@ class Enqueuer:
                 continue
             seen.add(key)
             state = states[key]
-            status = statuses.get(_owner(state)) if state is not None and state != DONE.encode() else None
-            if state == DONE.encode() and self._images_missing(key, row):
+            status = statuses.get(_owner(state)) if state is not None and not is_done(state) else None
+            if is_done(state) and self._images_missing(key, row):
                 self.report.missing_images += 1
                 self._redo[key] = REMAKE_IMAGES if self._lines_there(key, row) else REMAKE_ALL
                 fresh.append((key, row))
-            elif state is None or (state != DONE.encode() and status is None):
-                fresh.append((key, row))
+            elif state is None or (not is_done(state) and _lost(status)):
+                fresh.append((key, row))  # new, or its job is gone, stopped or cancelled: lost
             elif status == b"failed":
                 self.report.failed_items += 1
             else:
@@ -377,6 +377,12 @@ class Enqueuer:
             job_fields=fields,
         )
         return spec
+
+
+def _lost(status: bytes | None) -> bool:
+    """An item whose job is gone, or ended without failing (stopped, cancelled, or finished
+    without recording it), is made by nobody: it is queued again."""
+    return status is None or (status.decode() in rq_names().ended and status != b"failed")
 
 
 def _owner(state: bytes | None) -> str:

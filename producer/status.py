@@ -19,16 +19,11 @@ from dataclasses import dataclass, field
 import redis
 from rq import Worker
 from rq.job import Job
-from rq.registry import (
-    DeferredJobRegistry,
-    FailedJobRegistry,
-    FinishedJobRegistry,
-    ScheduledJobRegistry,
-    StartedJobRegistry,
-)
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from common.queues import RECENT_WINDOW_S, enqueued_key, finished_key, get_queue, images_key, paused_key, recent_key
+from common.queues import RECENT_WINDOW_S, finished_key, get_queue, paused_key, recent_key
+from common.reconcile import failed_images, left
 from producer.progress import format_duration
 
 MAX_FAILURES_SHOWN = 5
@@ -74,6 +69,13 @@ class QueueStatus:
     queued: int = 0
     running: int = 0
     scheduled: int = 0
+    #: taken by a worker, not started yet (RQ's intermediate list)
+    starting: int = 0
+    #: in no runnable place (their worker died): the next worker to look re-queues them
+    lost: int = 0
+    #: images of the campaign in no job at all while nothing is pending: items whose job was
+    #: stopped, cancelled or deleted (``producer enqueue`` of their file queues them again)
+    unaccounted: int = 0
     finished: int = 0
     failed: int = 0
     images_written: int = 0
@@ -104,7 +106,13 @@ class QueueStatus:
 
     @property
     def pending(self) -> int:
-        return self.queued + self.running + self.scheduled
+        """Jobs not over (:meth:`common.reconcile.Left.pending`): never 0 while one may still run."""
+        return self.queued + self.running + self.scheduled + self.starting + self.lost
+
+    @property
+    def complete(self) -> bool:
+        """Every image of the campaign is written: nothing pending, failed or unaccounted."""
+        return not self.pending and not self.failed and not self.unaccounted
 
     @property
     def images_in_progress(self) -> float:
@@ -138,6 +146,8 @@ class QueueStatus:
                 "queued": self.queued,
                 "running": self.running,
                 "retrying": self.scheduled,
+                "starting": self.starting,
+                "lost": self.lost,
                 "finished": self.finished,
                 "failed": self.failed,
                 "pending": self.pending,
@@ -148,9 +158,11 @@ class QueueStatus:
                 "in_progress": round(self.images_in_progress, 2),
                 "progress": None if self.progress is None else round(self.progress, 4),
                 "left": round(self.images_left, 2),
+                "unaccounted": self.unaccounted,
             },
             "rate": {"images_per_s": round(self.images_per_s, 4), "jobs_per_s": round(self.jobs_per_s, 4)},
             "stalled": self.stalled,
+            "complete": self.complete,
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "running": [r.__dict__ | {"fraction": round(r.fraction, 3)} for r in self.running_jobs],
             "failures": [f.__dict__ for f in self.failures],
@@ -186,35 +198,33 @@ RATE_SAMPLE = 5000
 
 
 def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_after_s: float = 30) -> QueueStatus:
-    """The queue's state. ``details``: also the running jobs' progress, the live workers (heard
-    from in the last ``stale_after_s`` seconds) and the first failures."""
+    """The queue's state. Jobs by place come from :func:`common.reconcile.left`, the one reader
+    of RQ's lists (``stale_after_s`` is the heartbeat TTL). ``details``: also the running jobs'
+    progress, the live workers (heard from in the last ``stale_after_s`` seconds) and the first
+    failures."""
     queue = get_queue(queue_name, conn)
     kw = {"queue": queue}
-    started = StartedJobRegistry(**kw)
+    place = left(conn, queue_name, ttl=stale_after_s)
     status = QueueStatus(queue=queue_name)
     with conn.pipeline(transaction=False) as pipe:
-        pipe.llen(queue.key)
-        pipe.zcard(started.key)
-        pipe.zcard(ScheduledJobRegistry(**kw).key)
-        pipe.zcard(DeferredJobRegistry(**kw).key)
         pipe.zcard(FinishedJobRegistry(**kw).key)
         pipe.zcard(FailedJobRegistry(**kw).key)
-        pipe.get(images_key(queue_name))
-        pipe.get(enqueued_key(queue_name))
         pipe.get(finished_key(queue_name))
         now = time.time()
         pipe.zcount(recent_key(queue_name), now - RECENT_WINDOW_S, "+inf")
         pipe.zrangebyscore(
             recent_key(queue_name), now - RECENT_WINDOW_S, "+inf", start=0, num=RATE_SAMPLE, withscores=True
         )
-        queued, running, scheduled, deferred, finished, failed, images, enqueued, counted, total, recent = (
-            pipe.execute()
-        )
-    status.queued, status.running, status.scheduled = queued, running, scheduled + deferred
+        finished, failed, counted, total, recent = pipe.execute()
+    status.queued, status.running, status.scheduled = place.queued, place.running, place.retrying
+    status.starting, status.lost = place.starting, place.lost
     # RQ's registry keeps only the newest finished jobs (DIFFQ_KEEP_FINISHED); the counter has them all
     status.finished, status.failed = max(finished, int(counted or 0)), failed
-    status.images_written = int(images or 0)
-    status.images_enqueued = int(enqueued or 0)
+    status.images_written = place.images_written
+    status.images_enqueued = place.images_enqueued
+    if not status.pending and status.images_written < status.images_enqueued:
+        missing = status.images_enqueued - status.images_written
+        status.unaccounted = max(0, missing - (failed_images(conn, queue_name) if failed else 0))
     status.jobs_per_s, status.images_per_s = rates(recent, now, total)
     if details:
         _fill_details(conn, queue_name, status, stale_after_s)
@@ -275,8 +285,12 @@ def render(status: QueueStatus, redis_label: str) -> str:
         f"  running   {status.running}",
     ]
     lines += [f"    {r.job_id} on {r.worker}: {r.text()}" for r in status.running_jobs]
+    if status.starting:
+        lines.append(f"  starting  {status.starting} (taken by a worker, not started yet)")
     if status.scheduled:
         lines.append(f"  retrying  {status.scheduled} (waiting for their backoff)")
+    if status.lost:
+        lines.append(f"  lost      {status.lost} (their worker died; the next worker to start or look re-queues them)")
     lines += [
         f"  finished  {status.finished}",
         f"  failed    {status.failed}",
@@ -289,6 +303,11 @@ def render(status: QueueStatus, redis_label: str) -> str:
     total = f" of {status.images_enqueued}" if status.images_enqueued else ""
     progress = f" ({100 * status.progress:.1f}% done, running jobs' steps included)" if status.progress else ""
     lines.append(f"  images    {status.images_written}{total} written{progress if status.pending else ''}")
+    if status.unaccounted:
+        lines.append(
+            f"  missing   {status.unaccounted} image(s) in no job (stopped, cancelled or deleted): "
+            "producer enqueue of their prompts file queues them again"
+        )
     if status.stalled:
         lines.append(f"  rate      - ({status.stalled})")
     elif status.images_per_s:

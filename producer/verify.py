@@ -34,10 +34,11 @@ import redis
 from PIL import Image
 
 from common.jobspec import GenParams, PromptItem
-from common.ledger import DONE
+from common.ledger import REDO_PREFIX, done_in, is_done
 from common.metadata_log import open_locked
-from common.naming import IMAGES_DIR, METADATA_FILE, METADATA_PARTS_DIR, item_key
+from common.naming import IMAGES_DIR, METADATA_FILE, METADATA_PARTS_DIR, item_key, output_id
 from common.queues import images_key, items_key
+from common.reconcile import job_places, left
 from common.storage import Store
 from producer.metadata import metadata_files, parse, read
 
@@ -55,7 +56,9 @@ KINDS = {
     "no_line": "image(s) of done items with no metadata line",
     "no_image": "image(s) of done items missing (or not whole) on disk",
     "lost": "done item(s) with neither image nor line: producer enqueue of their prompts file makes them again",
-    "unknown": "image(s) or line(s) of items this queue's ledger does not have (another queue's?)",
+    "unknown": "image(s) or line(s) of items this queue's ledger does not have, or has done in another output",
+    "stranded": "item(s) not done and in no runnable job (a worker died holding it, or its job was stopped or "
+    "deleted): a starting worker re-queues the first kind, producer enqueue of their prompts file all of them",
     "count": "images counted as written that are not on disk",
 }
 
@@ -92,6 +95,8 @@ class VerifyReport:
     images: int = 0  # whole images of done items
     lines: int = 0
     in_flight: int = 0  # items queued or running now
+    failed: int = 0  # items of failed jobs (producer retry-failed)
+    other_output: int = 0  # done items of this queue written to another output
     counted: int = 0  # the ledger's images-written counter
     seconds: float = 0.0
     problems: Problems = field(default_factory=Problems)
@@ -110,16 +115,19 @@ def verify(
     *,
     deep: bool = False,
     on_bucket: Callable[[int], None] | None = None,
+    ttl: float = 30.0,
 ) -> VerifyReport:
-    """Check ``store`` against ``queue``'s ledger; plan the repairs (applied by :func:`repair`)."""
+    """Check ``store`` against ``queue``'s ledger; plan the repairs (applied by :func:`repair`).
+    Only the items done in this output are checked; items not done are in flight, failed or
+    stranded by their job's place (:mod:`common.reconcile`; ``ttl`` is the heartbeat TTL)."""
     report = VerifyReport()
     started = time.perf_counter()
     report.counted = int(conn.get(images_key(queue)) or 0)
     with tempfile.TemporaryDirectory(prefix="diffq-verify-") as tmp:
         spill = Spill(Path(tmp))
         try:
-            for key, state in _ledger(conn, items_key(queue)):
-                spill.write("ledger", key[:2], f"{key} {state}\n".encode())
+            for key, place in _places(conn, queue, output_id(store.location), ttl):
+                spill.write("ledger", key[:2], f"{key} {place}\n".encode())
             for line in read(store, metadata_files(store), fast=True):
                 name = line.file_name
                 match = NAME.fullmatch(name) if name else None
@@ -135,7 +143,8 @@ def verify(
             spill.close()
         _check_buckets(store, spill, report, deep, on_bucket)
     whole = report.images
-    if report.counted > whole and not report.problems.counts["no_image"] and not report.problems.counts["lost"]:
+    problems = report.problems.counts
+    if report.counted > whole and not (problems["no_image"] or problems["lost"] or report.other_output):
         report.problems.add("count", f"{report.counted} counted, {whole} on disk", report.counted - whole)
     report.seconds = time.perf_counter() - started
     return report
@@ -149,6 +158,28 @@ local out = {}
 for i = 1, #page[2], 2 do out[#out + 1] = page[2][i] .. ' ' .. page[2][i + 1] end
 return {page[1], table.concat(out, '\\n')}
 """
+
+
+def _places(conn: redis.Redis, queue: str, oid: str, ttl: float) -> Iterator[tuple[str, str]]:
+    """Every item of the ledger with its place for this output: ``done`` (here), ``other``
+    (done in another output), or, for items not done, their job's place (``live``, ``failed``,
+    ``lost``), looked up a page at a time so memory stays flat."""
+    lost = set(left(conn, queue, ttl=ttl).lost_ids)
+    page: list[tuple[str, str]] = []
+
+    def resolve() -> Iterator[tuple[str, str]]:
+        places = job_places(conn, (owner for _, owner in page), lost)
+        yield from ((key, places[owner]) for key, owner in page)
+        page.clear()
+
+    for key, state in _ledger(conn, items_key(queue)):
+        if is_done(state):
+            yield key, "done" if done_in(state) in (None, oid) else "other"
+            continue
+        page.append((key, state.removeprefix(REDO_PREFIX)))
+        if len(page) >= 5000:
+            yield from resolve()
+    yield from resolve()
 
 
 def _ledger(conn: redis.Redis, key: str) -> Iterator[tuple[str, str]]:
@@ -220,6 +251,8 @@ def _merge(report: VerifyReport, part: VerifyReport) -> None:
     report.done_items += part.done_items
     report.images += part.images
     report.in_flight += part.in_flight
+    report.failed += part.failed
+    report.other_output += part.other_output
     report.problems.counts.update(part.problems.counts)
     for kind, example in part.problems.first.items():
         report.problems.first.setdefault(kind, example)
@@ -331,11 +364,21 @@ def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport,
         state = ledger.get(key)
         item_lines, item_files = lines.get(key, {}), by_key.get(key, {})
         example = f"{IMAGES_DIR}/{key[:2]}/{key}-{min([*item_lines, *item_files], default=0)}.png"
-        if state is None:
+        if state is None or (state == "other" and (item_lines or item_files)):
             problems.add("unknown", example, len(set(item_lines) | set(item_files)))
             continue
-        if state != DONE:
+        if state == "other":
+            report.other_output += 1
+            continue
+        if state == "live":
             report.in_flight += 1
+            continue
+        if state == "failed":
+            report.failed += 1
+            continue
+        if state == "lost":
+            problems.add("stranded", f"item {key}")
+            repairs.unrepairable += 1
             continue
         report.done_items += 1
         if not item_lines and not item_files:
@@ -350,6 +393,9 @@ def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport,
                 repairs.drop_line(source, position)
         if missing:  # made again whole: its lines go, the worker writes them anew
             problems.add("no_image", f"{IMAGES_DIR}/{key[:2]}/{key}-{missing[0]}.png", len(missing))
+            for index in range(count):  # every damage is listed; the remake writes these lines too
+                if item_files.get(index) and index not in item_lines:
+                    problems.add("no_line", f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png")
             repairs.delete += [f"{IMAGES_DIR}/{key[:2]}/{key}-{i}.png" for i, ok in item_files.items() if not ok]
             for places in item_lines.values():
                 for source, position in places[:1]:
@@ -503,6 +549,10 @@ def describe(report: VerifyReport, location: str, queue: str) -> list[str]:
         f"verified {location} against queue {queue!r}: {report.done_items} done item(s), {report.images} image(s), "
         f"{report.lines} metadata line(s), {report.in_flight} in flight; {report.seconds:.1f}s, {rate:,.0f} items/s"
     ]
+    if report.failed:
+        lines.append(f"  {report.failed} item(s) of failed jobs: producer status says why, producer retry-failed")
+    if report.other_output:
+        lines.append(f"  {report.other_output} done item(s) of this queue are in other outputs (not checked here)")
     for kind, n in report.problems.counts.most_common():
         lines.append(f"  {n} {KINDS[kind]} (first: {report.problems.first[kind]})")
     return lines

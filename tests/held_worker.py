@@ -10,6 +10,8 @@ the two places before the real CLI runs, so the worker under test is otherwise t
 - ``HELD_WRITER=<file>``: each job's tail waits until ``<file>`` exists (a stalled disk).
 - ``HELD_RECORD=<file>``: each job's record step (metadata lines, ledger) waits until ``<file>``
   exists, after its images are written (a disk that fills up in between).
+- ``HELD_TAKEN=<file>``: each job the worker takes waits, before its execution is registered
+  (in RQ's intermediate list), until ``<file>`` exists (a worker killed as it takes a job).
 - ``HELD_STATE=<file>``: written (``loading`` / ``writing`` / ``recording``) when the worker
   reaches the hold.
 - ``DIFFQ_FAULT_*``: the faults of :mod:`faults`.
@@ -36,6 +38,17 @@ def hold(flag: str, state: str) -> None:
 
 def install() -> None:
     load_flag, writer_flag = os.environ.get("HELD_LOAD"), os.environ.get("HELD_WRITER")
+    taken_flag = os.environ.get("HELD_TAKEN")
+    if taken_flag:
+        from worker.serving.rqworker import DiffqWorker
+
+        real_execute = DiffqWorker.execute_job
+
+        def execute_job(self, job, queue):  # type: ignore[no-untyped-def]
+            hold(taken_flag, "taken")
+            return real_execute(self, job, queue)
+
+        DiffqWorker.execute_job = execute_job  # type: ignore[method-assign]
     record_flag = os.environ.get("HELD_RECORD")
     if record_flag:
         import worker.serving.task as task

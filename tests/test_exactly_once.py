@@ -28,6 +28,7 @@ from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.ledger import Ledger
+from common.naming import output_id
 from common.queues import get_queue, images_key, intents_key, items_key
 from common.settings import Settings
 from producer.enqueue import EnqueueOptions, Enqueuer
@@ -93,11 +94,13 @@ def test_a_worker_that_lost_its_job_records_nothing(conn, tmp_path):
     begun = ledger.begin(member="dqjob:current", offset=123, keys=["k1"])
     assert begun is not None and begun[0].state == "dqjob" and begun[0].intent is None
     assert conn.hget(intents_key("q"), "k1") == b"123"
-    assert ledger.commit(member="dqjob:stale", images={"k1": 2}, recent_member="j:1") is None
+    assert ledger.commit(member="dqjob:stale", images={"k1": 2}, recent_member="j:1", output="/out") is None
     assert conn.hget(items_key("q"), "k1") == b"dqjob" and conn.get(images_key("q")) is None
-    assert ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1") == 2
-    assert ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1") == 0  # counted once
-    assert conn.hget(items_key("q"), "k1") == b"done" and conn.hget(intents_key("q"), "k1") is None
+    assert ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1", output="/out") == 2
+    again = ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1", output="/out")
+    assert again == 0  # counted once
+    assert conn.hget(items_key("q"), "k1") == f"done:{output_id('/out')}".encode()
+    assert conn.hget(intents_key("q"), "k1") is None
 
 
 @pytest.mark.long

@@ -43,6 +43,10 @@ OVERRIDES = {
     "DiffqWorker.handle_job_success": "a job whose tail the writer has is completed when the writer is done",
     "DiffqWorker.dequeue_job_and_maintain_ttl": "paused workers probe instead of taking jobs; --burst waits "
     "for retries due and jobs on other workers",
+    "DiffqWorker.get_current_job_id": "the job denoising now: RQ 3 answers with any execution, and a job "
+    "the writer saves keeps one; RQ's stop-job asks this before it stops anything",
+    "DiffqWorker.kill_horse": "RQ's stop-job / stop-execution end here; with no work-horse, the job stops "
+    "at its next denoising step, before any image is written",
     "GroupWorker.dequeue_job_and_maintain_ttl": "a rank asked to stop stops the group",
     "GroupWorker.handle_exception": "a lost rank is not the job's failure",
     "GroupWorker.handle_job_failure": "a lost rank gives the job back and ends the group",
@@ -53,6 +57,8 @@ PRIVATE = {
     "_stop_requested": "RQ's work loop ends on it and RQ has no public setter (request_stop re-installs "
     "RQ's own signal handlers)",
     "_install_signal_handlers": "see OVERRIDES",
+    "_stopped_job_id": "RQ's stop-job handler sets it before calling kill_horse, and handle_job_failure reads "
+    "it to end the job stopped; kill_horse reads which job to stop from it",
 }
 PRODUCT = ("common", "producer", "worker")
 
@@ -101,6 +107,22 @@ def test_product_code_touches_no_other_private_rq_name():
     own = {n for cls in (DiffqWorker, GroupWorker) for n in _assigned_in(cls)} - set(dir(SimpleWorker))
     unexplained = {name: where for name, where in used.items() if name not in PRIVATE and name not in own}
     assert not unexplained, unexplained
+
+
+def test_no_attribute_of_diffqs_workers_clashes_with_one_of_an_rq_worker_instance(conn: redis.Redis):
+    """Instance attributes too, not only the class's: diffq once kept a lock under the name RQ 3
+    keeps its list of executions (``_executions``), and RQ's stop-job broke its pubsub thread.
+    Every attribute an RQ worker instance has keeps RQ's type on diffq's workers."""
+    queues = [get_queue("boundary", conn)]
+    theirs = vars(SimpleWorker(queues, connection=conn, prepare_for_work=False))
+    for cls, extra in ((DiffqWorker, {}), (GroupWorker, {"group": None})):
+        ours = vars(cls(queues, connection=conn, prepare_for_work=False, **extra))
+        clashes = {
+            name: (type(value).__name__, type(ours[name]).__name__)
+            for name, value in theirs.items()
+            if value is not None and ours.get(name) is not None and type(ours[name]) is not type(value)
+        }
+        assert not clashes, f"{cls.__name__} redefines rq's instance attributes: {clashes}"
 
 
 def _assigned_in(cls: type) -> set[str]:

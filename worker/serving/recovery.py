@@ -27,6 +27,7 @@ from rq.registry import StartedJobRegistry
 from rq.results import Result
 from rq.utils import parse_composite_key
 
+from common.reconcile import intermediate_seen_key, live_workers
 from common.rq_keys import rq_names
 
 log = logging.getLogger("diffq.worker")
@@ -61,9 +62,16 @@ return 1
 """
 
 
-def requeue_abandoned(queue: Queue, stuck_after_s: float = 30.0, now: float | None = None) -> list[str]:
+def requeue_abandoned(
+    queue: Queue, stuck_after_s: float = 30.0, now: float | None = None, *, me: str | None = None
+) -> list[str]:
     """Re-queue (or fail) every job of ``queue`` whose worker stopped heartbeating, and every job
-    stuck for ``stuck_after_s`` in RQ's intermediate list; return their ids.
+    lost in RQ's intermediate list; return their ids. These are the jobs
+    :func:`common.reconcile.left` calls lost.
+
+    A job is lost in the intermediate list once it was seen there for ``stuck_after_s``, or at
+    once when ``me`` (the asking worker, which holds nothing there at this moment: it is between
+    jobs) is the only live worker of the queue: nobody else can be about to start it.
 
     RQ itself fails a job stuck in the intermediate list, and only at its maintenance pass
     (every 10 minutes): a worker killed between taking a job and registering it would turn it
@@ -72,20 +80,21 @@ def requeue_abandoned(queue: Queue, stuck_after_s: float = 30.0, now: float | No
         return []
     try:
         now = time.time() if now is None else now
-        return _requeue_expired(queue, now) + _requeue_stuck(queue, stuck_after_s, now)
+        return _requeue_expired(queue, now) + _requeue_stuck(queue, stuck_after_s, now, me)
     finally:
         queue.release_maintenance_lock()
 
 
-def _requeue_stuck(queue: Queue, stuck_after_s: float, now: float) -> list[str]:
+def _requeue_stuck(queue: Queue, stuck_after_s: float, now: float, me: str | None) -> list[str]:
     conn: redis.Redis = queue.connection
-    seen_key = f"diffq:{queue.name}:intermediate-seen"
+    seen_key = intermediate_seen_key(queue.name)
     ids = [raw.decode() for raw in conn.lrange(queue.intermediate_queue_key, 0, -1)]
     handled: list[str] = []
+    alone = bool(ids) and me is not None and not (live_workers(conn, queue.name, stuck_after_s, now) - {me})
     for job_id in ids:
         conn.hsetnx(seen_key, job_id, now)
         first = float(conn.hget(seen_key, job_id) or now)
-        if now - first < stuck_after_s:
+        if now - first < stuck_after_s and not alone:
             continue
         conn.hdel(seen_key, job_id)
         keys = [queue.intermediate_queue_key, queue.key, queue.started_job_registry.key, Job.key_for(job_id)]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -55,9 +56,11 @@ from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
+from rq.worker.base import SHUTDOWN_SIGNAL
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
 from common.queues import WAY_OUT, paused_key, retire_finished
+from common.reconcile import left
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
@@ -68,7 +71,7 @@ from worker.serving.overlap import Pending, Writer
 from worker.serving.recovery import give_back, requeue_abandoned
 from worker.serving.runtime import Runtime
 from worker.serving.signals import SignalWatcher
-from worker.serving.task import JobLost
+from worker.serving.task import JobLost, JobStopped
 from worker.supervision.lease import GpuLease
 
 log = logging.getLogger("diffq.worker")
@@ -149,7 +152,10 @@ class DiffqWorker(SimpleWorker):
         self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
         #: held by the keeper while it renews heartbeats, and while a handed-off job is completed
-        self._executions = threading.RLock()
+        #: (not ``_executions``: RQ 3 keeps its list of executions under that name)
+        self._executions_lock = threading.RLock()
+        #: a job RQ's ``stop-job`` / ``stop-execution`` command asked to stop (pubsub thread)
+        self._stop_job: str | None = None
         self._pending: Pending | None = None
         #: the running job's tail, once its job function handed it to the writer
         self._handed: Future[dict[str, Any]] | None = None
@@ -237,7 +243,7 @@ class DiffqWorker(SimpleWorker):
                 )
 
     def _keep_running_job(self) -> None:
-        with self._executions:  # not while the main thread completes a handed-off job
+        with self._executions_lock:  # not while the main thread completes a handed-off job
             self._keep_pending_job()
             self._keep_current_job()
 
@@ -269,8 +275,10 @@ class DiffqWorker(SimpleWorker):
         """More keeper work for subclasses (an xDiT group's rank 0 watches its peers here)."""
 
     def clean_registries(self) -> None:
+        """At start and between jobs (the main thread holds no job in RQ's intermediate list
+        then): what is lost goes back to the queue, at once where no other worker is alive."""
         for queue in self.queues:
-            requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl)
+            requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl, me=self.name)
         super().clean_registries()
 
     def _publish_state(self) -> None:
@@ -334,6 +342,30 @@ class DiffqWorker(SimpleWorker):
         finally:
             logging.shutdown()
             os._exit(EXIT_COLD)
+
+    # -- RQ's commands (rq.command.send_command: stop-job, stop-execution, shutdown) -----------
+
+    def get_current_job_id(self) -> str | None:
+        """The job this worker denoises now. RQ 3 answers with any of the worker's executions,
+        and the one a handed-off job keeps while the writer saves it is one of them; RQ's
+        ``stop-job`` command asks this before it stops anything."""
+        job = self._running
+        return job.id if job is not None else None
+
+    def kill_horse(self, sig: signal.Signals = SHUTDOWN_SIGNAL) -> None:
+        """RQ's ``stop-job`` and ``stop-execution`` end here (RQ has set ``_stopped_job_id``).
+        There is no work-horse to kill: the running job stops at its next denoising step
+        (:meth:`_pump`), before any of its images is written; RQ then marks it ``stopped``, not
+        failed, and does not retry it. Its items are not done: ``producer enqueue`` of their file
+        queues them again."""
+        job_id = self._stopped_job_id
+        running = self._running
+        if running is not None and running.id == job_id:
+            self._stop_job = job_id
+            log.warning("job %s: stop asked for (RQ command); it stops at its next step", job_id)
+        else:
+            log.warning("job %s: stop asked for, but it is not denoising here (its images may be being "
+                        "written); nothing stopped", job_id)  # fmt: skip
 
     # -- jobs and their failures ------------------------------------------------------------
 
@@ -400,6 +432,11 @@ class DiffqWorker(SimpleWorker):
             self._lost = job.id
             return
         if isinstance(exc, WorkerUnavailable):
+            return
+        if isinstance(exc, JobStopped):
+            job.meta["error"] = f"{exc}; producer enqueue of its prompts file queues its items again"
+            job.save_meta()
+            log.warning("%s", exc)
             return
         failure = classify(exc)
         cause = f"{type(exc).__name__}: {failure.reason}"
@@ -519,9 +556,14 @@ class DiffqWorker(SimpleWorker):
         return result
 
     def _pump(self) -> None:
-        """Between two denoising steps: complete the previous job if its tail is done. A Redis
-        error here must not fail the running job: the previous one keeps its record, and if
-        RQ never hears of it, its execution lapses and the re-run finds every item done."""
+        """Between two denoising steps: stop the job if RQ's ``stop-job`` asked for it, and
+        complete the previous job if its tail is done. A Redis error here must not fail the
+        running job: the previous one keeps its record, and if RQ never hears of it, its
+        execution lapses and the re-run finds every item done."""
+        running = self._running
+        if self._stop_job is not None and running is not None and running.id == self._stop_job:
+            self._stop_job = None
+            raise JobStopped(f"job {running.id} stopped on request (RQ stop-job); no image of it was written")
         if self._pending is None or not self._pending.future.done():
             return
         try:
@@ -537,7 +579,7 @@ class DiffqWorker(SimpleWorker):
         if pending is None:
             return
         wait([pending.future])  # the keeper heartbeats the job meanwhile
-        with self._executions:  # self._pending stays set meanwhile: its job's execution is asked for
+        with self._executions_lock:  # self._pending stays set meanwhile: its job's execution is asked for
             job, queue, registry, execution = pending.job, pending.queue, pending.registry, pending.execution
             try:
                 pending.future.result()  # the job's result is the dict it filled
@@ -618,21 +660,30 @@ class DiffqWorker(SimpleWorker):
         return not self._stop_requested
 
     def _unfinished_elsewhere(self) -> tuple[float | None, str]:
-        """Work of our queues that may still come back to the queue: jobs scheduled for a retry
-        (seconds until the first is due) or running on other workers (which may die and have
-        their job re-queued). A burst worker waits for both before it calls the queue drained."""
+        """Work of our queues that is not over (:func:`common.reconcile.left`): jobs scheduled
+        for a retry (seconds until the first is due), running on other workers (which may die
+        and have their job re-queued), being started, or lost (re-queued here and now). A burst
+        worker waits for all of them before it calls the queue drained."""
         earliest: float | None = None
-        running = 0
+        running = starting = 0
         for queue in self.queues:
+            state = left(self.connection, queue.name, ttl=self.heartbeat_ttl, me=self.name)
+            if state.lost:
+                back = requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl, me=self.name)
+                if back:
+                    return 0.0, f"{len(back)} lost job(s) re-queued"
             first = self.connection.zrange(ScheduledJobRegistry(queue=queue).key, 0, 0, withscores=True)
             if first:
                 at = float(first[0][1])
                 earliest = at if earliest is None else min(earliest, at)
-            running += self.connection.zcard(queue.started_job_registry.key)
+            running += state.running + state.lost
+            starting += state.starting
         if earliest is not None:
             return earliest - time.time(), "a retry is scheduled"
         if running:
             return self.keepalive_s, f"{running} job(s) still run on other workers"
+        if starting:
+            return self.keepalive_s, f"{starting} job(s) taken by other workers and not started yet"
         return None, ""
 
     def _enqueue_due_retries(self) -> None:

@@ -26,9 +26,10 @@ from rq.job import Job
 
 from common.errors import AdapterNotFound, ModelLoadError, OutputNotWritable, OutputRefused
 from common.jobspec import JobSpec, PromptItem
-from common.ledger import DONE, Ledger
+from common.ledger import Ledger, is_done
 from common.naming import image_relpath, item_key
-from common.queues import get_queue, items_key
+from common.queues import get_queue, items_key, seen_key, seen_member
+from common.storage import is_url
 from worker.output.destination import Destination, open_destination
 from worker.pipelines.backend import Batch
 from worker.pipelines.generate import BatchResult
@@ -46,6 +47,11 @@ PHASES = ("load_s", "adapter_s", "encode_s", "denoise_s", "decode_s", "save_s")
 class JobLost(Exception):
     """This worker's execution of the job is no longer the current one (its heartbeat expired
     while it was stalled, and the job went back to the queue): it must record nothing."""
+
+
+class JobStopped(Exception):
+    """RQ's ``stop-job`` command asked for this job: it ends ``stopped`` between two denoising
+    steps, before any of its images is written."""
 
 
 class _Progress:
@@ -142,6 +148,8 @@ def perform(ctx: JobContext, spec: dict[str, Any]) -> dict[str, Any]:
 
     # 2. Plan: skip what is done, keep images an interrupted attempt finished
     queue_name = job.origin if job is not None else rt.settings.queue
+    if job is not None and not is_url(chunk.output):  # a folder deleted whole later is known as deleted here
+        job.connection.sadd(seen_key(queue_name), seen_member(chunk.output))
     plan = _plan(job.connection if job is not None else None, queue_name, chunk, output)
     run = Run(ctx, job, chunk, output, plan, _Progress(job, images=chunk.num_images), started=started)
     batch = BatchResult([], 0.0, 0.0, 0.0)
@@ -223,7 +231,7 @@ def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Des
     plan = Plan(keys=keys)
     for key, item, state in zip(keys, chunk.items, states, strict=True):
         mine = [image_relpath(key, i) for i in range(item.num_images)]
-        if state == DONE.encode() and all(rel in there for rel in mine):
+        if is_done(state) and all(rel in there for rel in mine):
             plan.skipped += item.num_images
             continue
         for index, rel in enumerate(mine):
@@ -338,6 +346,7 @@ def _record(run: Run, records: list[dict[str, Any]]) -> int:
             member=execution,
             images={key: item.num_images for key, item in zip(plan.keys, run.chunk.items, strict=True)},
             recent_member=f"{job.id}:{len(records)}:{time.perf_counter() - run.started:.3f}",
+            output=run.chunk.output,
         )
         if counted is None:
             raise JobLost(f"job {job.id}: this worker lost it while recording; {journal.withdraw()}")

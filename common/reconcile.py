@@ -1,0 +1,155 @@
+"""One answer to "what is left": the ledger and RQ's lists read together, the same way by every tool.
+
+The ledger (:mod:`common.ledger`) says which items are done; RQ's lists are only transport. A
+job of a queue is in exactly one of these places, and this module is the one reader of them:
+
+- **queued**: its id is on the queue's list;
+- **starting**: a worker moved it to RQ's intermediate list (``BLMOVE``) and has not registered
+  its execution yet; normal for a moment, *lost* once that worker is gone;
+- **running**: an execution in the started registry whose heartbeat holds;
+- **retrying**: waiting in the scheduled (retry backoff) or deferred registry;
+- **lost**: in no runnable place: an execution whose worker stopped heartbeating, an id left
+  in the intermediate list for a whole heartbeat TTL or with no live worker that could hold it.
+  Any worker re-queues lost jobs (:mod:`worker.serving.recovery`), at start and from its keeper;
+  until then they are work left, never done.
+
+Items are queued, running, done, failed or lost by their job's place (:func:`item_states`):
+an item whose job is gone, stopped or cancelled without its images is lost too, and
+``producer enqueue`` of its file queues it again.
+
+``producer status``, ``producer wait``, ``producer verify``, a burst worker deciding whether the
+queue is drained, and the metrics all ask :func:`left`; none counts on its own. A tool that did
+would, after some fault, say done while an image is missing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import redis
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+from rq.registry import DeferredJobRegistry, FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.utils import parse_composite_key
+from rq.worker import Worker
+
+from common.queues import enqueued_key, images_key
+from common.rq_keys import rq_names
+
+
+def intermediate_key(queue: str) -> str:
+    """RQ's list of jobs a worker took (``BLMOVE``) and has not started yet."""
+    return IntermediateQueue.get_intermediate_queue_key(Queue.redis_queue_namespace_prefix + queue)
+
+
+def intermediate_seen_key(queue: str) -> str:
+    """Job id → when a keeper first saw it in the intermediate list (shared by every worker)."""
+    return f"diffq:{queue}:intermediate-seen"
+
+
+@dataclass
+class Left:
+    """Jobs of one queue by place (see the module docstring), and the images not yet written."""
+
+    queued: int = 0
+    starting: int = 0
+    running: int = 0
+    retrying: int = 0
+    lost: int = 0
+    #: the lost jobs' ids (intermediate and expired executions), for the tools that list them
+    lost_ids: list[str] = field(default_factory=list)
+    images_enqueued: int = 0
+    images_written: int = 0
+
+    @property
+    def pending(self) -> int:
+        """Jobs that are not over: while this is not 0, the campaign is not done."""
+        return self.queued + self.starting + self.running + self.retrying + self.lost
+
+
+def live_workers(conn: redis.Redis, queue: str, ttl: float, now: float | None = None) -> set[str]:
+    """Names of the workers of ``queue`` heard from in the last ``ttl`` seconds (a killed
+    worker's key lingers until its own TTL; its last heartbeat tells)."""
+    now = time.time() if now is None else now
+    live = set()
+    for worker in Worker.all(connection=conn, queue=Queue(queue, connection=conn)):
+        beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
+        if now - beat <= ttl:
+            live.add(worker.name)
+    return live
+
+
+def left(conn: redis.Redis, queue: str, *, ttl: float, now: float | None = None, me: str | None = None) -> Left:
+    """Where every job of ``queue`` is now. O(1) in the queue's length: list and set sizes, plus
+    the intermediate list (at most one entry per worker) and the expired executions.
+
+    ``ttl`` is the heartbeat TTL. ``me``: the asking worker, which holds nothing in the
+    intermediate list at this moment (between jobs): if no other worker is alive, everything in
+    that list is lost now rather than after a TTL."""
+    now = time.time() if now is None else now
+    started = StartedJobRegistry(queue, connection=conn).key
+    with conn.pipeline(transaction=False) as pipe:
+        pipe.llen(Queue(queue, connection=conn).key)
+        pipe.zcount(started, f"({now}", "+inf")
+        pipe.zrangebyscore(started, "-inf", now)
+        pipe.zcard(ScheduledJobRegistry(queue, connection=conn).key)
+        pipe.zcard(DeferredJobRegistry(queue, connection=conn).key)
+        pipe.lrange(intermediate_key(queue), 0, -1)
+        pipe.hgetall(intermediate_seen_key(queue))
+        pipe.get(enqueued_key(queue))
+        pipe.get(images_key(queue))
+        queued, running, expired, scheduled, deferred, taken, seen, enqueued, written = pipe.execute()
+    state = Left(queued=queued, running=running, retrying=scheduled + deferred)
+    state.images_enqueued, state.images_written = int(enqueued or 0), int(written or 0)
+    state.lost_ids = [parse_composite_key(raw.decode())[0] for raw in expired]
+    if taken:
+        nobody = not (live_workers(conn, queue, ttl, now) - {me})
+        for raw in dict.fromkeys(taken):
+            first = seen.get(raw)
+            if nobody or (first is not None and now - float(first) >= ttl):
+                state.lost_ids.append(raw.decode())
+            else:
+                state.starting += 1
+    state.lost = len(state.lost_ids)
+    return state
+
+
+def failed_images(conn: redis.Redis, queue: str, most: int = 10_000) -> int:
+    """Images of the jobs in the failed registry (failed, or stopped on request), from their
+    specs: with :class:`Left`'s counters, what no job will write unless it is retried."""
+    ids = FailedJobRegistry(queue, connection=conn).get_job_ids(0, most - 1)
+    from rq.serializers import JSONSerializer
+
+    total = 0
+    for job in Job.fetch_many(ids, connection=conn, serializer=JSONSerializer):
+        if job is None:
+            continue
+        try:
+            items = job.kwargs["spec"]["items"]
+            total += sum(int(item.get("num_images", 1)) for item in items)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return total
+
+
+def job_places(conn: redis.Redis, job_ids: Iterable[str], lost: set[str]) -> dict[str, str]:
+    """Each job's place for its items: ``live`` (queued, starting, running or retrying),
+    ``failed``, or ``lost`` (gone, stopped, cancelled, finished without them, or in ``lost``)."""
+    ids = list(dict.fromkeys(job_ids))
+    with conn.pipeline(transaction=False) as pipe:
+        for jid in ids:
+            pipe.hget(Job.key_for(jid), "status")
+        statuses = pipe.execute()
+    places = {}
+    for jid, raw in zip(ids, statuses, strict=True):
+        status = raw.decode() if raw else None
+        if status is not None and status not in rq_names().ended and jid not in lost:
+            places[jid] = "live"
+        elif status == JobStatus.FAILED.value:
+            places[jid] = "failed"
+        else:
+            places[jid] = "lost"
+    return places
