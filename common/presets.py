@@ -7,6 +7,7 @@ These are plain data so the producer can print and check them without importing 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from pathlib import Path
 
@@ -93,13 +94,81 @@ def check_model(name: str) -> None:
         )
 
 
+def adapter_path(adapter: str, *, check: bool = True) -> str:
+    """What a job stores for ``adapter``: a preset's name, or an absolute path, so every worker
+    reads the same file whatever its own folder. A relative path is made absolute here (against
+    the producer's folder) when ``check`` is on, and checked (:func:`check_adapter`); with the
+    checks off (only the workers see the path) it must be absolute already."""
+    if adapter in ADAPTER_PRESETS:
+        return adapter
+    path = Path(adapter).expanduser()
+    if not path.is_absolute():
+        if not check:
+            raise InvalidJobSpec(
+                f"adapter {adapter!r} is a relative path: each worker would read it from its own folder; "
+                "give an absolute path"
+            )
+        path = path.absolute()
+    if check:
+        check_adapter(str(path))
+    return str(path)
+
+
+#: what a safetensors header may name as a tensor's dtype
+SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U8", "BOOL"}
+#: a LoRA or DoRA file names at least one tensor with one of these in its key (PEFT, diffusers, kohya)
+ADAPTER_KEY_PARTS = ("lora_A", "lora_B", "lora_down", "lora_up", "lora.down", "lora.up", "lora_magnitude_vector")
+#: a header larger than this is not an adapter's (a LoRA of SDXL's UNet has a few thousand keys)
+MAX_HEADER_BYTES = 64 << 20
+
+
 def check_adapter(adapter: str) -> None:
-    """An adapter is a preset or a folder/.safetensors file the workers read; if this machine
-    cannot see it either, the row is refused (``--no-path-checks`` when workers see paths that
-    the producer's machine does not)."""
-    if adapter in ADAPTER_PRESETS or Path(adapter).expanduser().exists():
+    """An adapter is a preset, a LoRA/DoRA ``.safetensors`` file, or a folder holding one. The
+    file's header is read (its keys and dtypes, not the tensors): a file that is not safetensors,
+    or holds no LoRA weights, is refused here rather than by every worker. If this machine cannot
+    see the path, the row is refused too (``--no-path-checks`` when only the workers see it)."""
+    if adapter in ADAPTER_PRESETS:
         return
-    raise InvalidJobSpec(
-        f"adapter {adapter!r} does not exist here: give a DoRA/LoRA folder or .safetensors file, or a preset "
-        f"({', '.join(ADAPTER_PRESETS)}); if only the workers see that path, pass --no-path-checks"
-    )
+    path = Path(adapter).expanduser()
+    if not path.exists():
+        raise InvalidJobSpec(
+            f"adapter {adapter!r} does not exist here: give a DoRA/LoRA folder or .safetensors file, or a preset "
+            f"({', '.join(ADAPTER_PRESETS)}); if only the workers see that path, pass --no-path-checks"
+        )
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise InvalidJobSpec(f"adapter {adapter!r} is a folder with no .safetensors file: give a LoRA/DoRA folder")
+        problems = [why for f in files if (why := _adapter_file_problem(f)) is not None]
+        if len(problems) == len(files):
+            raise InvalidJobSpec(f"adapter {adapter!r}: {problems[0]}")
+        return
+    why = _adapter_file_problem(path)
+    if why is not None:
+        raise InvalidJobSpec(f"adapter {adapter!r}: {why}")
+
+
+def _adapter_file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a LoRA/DoRA safetensors file, or None. Reads 8 bytes and the header."""
+    if path.suffix != ".safetensors":
+        return f"{path.name} is not a .safetensors file (LoRA/DoRA weights are read from safetensors only)"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            size = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= size <= MAX_HEADER_BYTES:
+                return f"{path.name} is not a safetensors file (no header)"
+            header = json.loads(handle.read(size))
+    except OSError as exc:
+        return f"{path.name} cannot be read here ({exc.strerror or exc})"
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return f"{path.name} is not a safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return f"{path.name} is not a safetensors file (its header is not a table)"
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    for key, info in tensors.items():
+        if not isinstance(info, dict) or info.get("dtype") not in SAFETENSORS_DTYPES:
+            return f"{path.name} is not a safetensors file (tensor {key!r} has no known dtype)"
+    if not any(part in key for key in tensors for part in ADAPTER_KEY_PARTS):
+        return f"{path.name} holds no LoRA/DoRA weights (no key with {', '.join(ADAPTER_KEY_PARTS[:2])}, ...)"
+    return None

@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
-from common.presets import MODEL_PRESETS, check_adapter, check_model
+from common.presets import MODEL_PRESETS, adapter_path, check_model
 from common.queues import checked_key, connect, get_queue, images_key
 from common.settings import Settings, redact
 from common.storage import Store, is_url, local_path, problem
@@ -47,6 +47,10 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(exc.exit_code)
         except redis.ConnectionError as exc:
             click.echo(f"error: lost the connection to Redis ({exc}); run the same command again", err=True)
+            sys.exit(3)
+        except redis.exceptions.NoScriptError:
+            click.echo("error: Redis restarted again and again under this command (it lost its scripts each time); "
+                       "every chunk queued so far is whole: run the same command again", err=True)  # fmt: skip
             sys.exit(3)
         except redis.exceptions.OutOfMemoryError:
             click.echo(
@@ -142,9 +146,9 @@ def enqueue(file: Path, **opts: Any) -> None:
     )
     check_model(settings.model)
     _check_flags(defaults)
-    if defaults.adapter and defaults.check_paths:
+    if defaults.adapter:
         try:
-            check_adapter(defaults.adapter)
+            adapter_path(defaults.adapter, check=defaults.check_paths)
         except InvalidJobSpec as exc:
             raise ConfigError(f"--adapter: {exc}") from None
     conn = None if opts["dry_run"] else connect(settings.redis_url)

@@ -10,10 +10,12 @@ resumes the campaign and adds nothing twice.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from rq import Queue, Retry
@@ -32,6 +34,8 @@ from producer.metadata import recorded_names
 from producer.reader import Row, RowDefaults, RowError, read_rows
 
 BATCH_ITEMS = 2000
+#: times a pipeline of CLAIMs is sent again after Redis lost its scripts (a restart)
+NO_SCRIPT_RETRIES = 5
 MAX_ERRORS_SHOWN = 20
 RESULT_TTL = 7 * 24 * 3600
 FAILURE_TTL = 30 * 24 * 3600
@@ -111,7 +115,7 @@ def file_fingerprint(path: Path, defaults: RowDefaults) -> str:
     """The content of ``path`` and the flags it is read with: a file with this fingerprint that
     passed :func:`check_file` once passes it again (hashing 10^7 rows takes about a second;
     checking them, about two minutes)."""
-    digest = hashlib.sha256(repr(defaults).encode())
+    digest = hashlib.sha256(f"{defaults!r}\t{os.getcwd()}".encode())  # relative adapter paths resolve here
     with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
@@ -326,9 +330,7 @@ class Enqueuer:
         """CLAIM each chunk (one pipeline); chunks that lost items to another producer are
         queued again without them."""
         while chunks:
-            with self.conn.pipeline(transaction=False) as pipe:
-                specs = [self._job(pipe, params, keyed) for params, keyed in chunks]
-                answers = pipe.execute()
+            specs, answers = self._claim_pipeline(chunks)
             retry: list[tuple[GenParams, list[tuple[str, PromptItem]]]] = []
             for (params, keyed), spec, taken in zip(chunks, specs, answers, strict=True):
                 taken_keys = {t.decode() if isinstance(t, bytes) else str(t) for t in taken}
@@ -344,6 +346,23 @@ class Enqueuer:
                 if left:
                     retry.append((params, left))
             chunks = retry
+
+    def _claim_pipeline(
+        self, chunks: list[tuple[GenParams, list[tuple[str, PromptItem]]]]
+    ) -> tuple[list[JobSpec], list[Any]]:
+        """One pipeline of CLAIMs. redis-py loads a pipeline's scripts before its retry loop, so
+        a Redis that restarted in between answers ``NoScriptError`` (its script cache is empty):
+        the pipeline is sent again, scripts loaded anew. CLAIM is idempotent (a chunk that did
+        go through answers that its job is live), so nothing is queued twice."""
+        for attempt in range(1, NO_SCRIPT_RETRIES + 1):
+            try:
+                with self.conn.pipeline(transaction=False) as pipe:
+                    specs = [self._job(pipe, params, keyed) for params, keyed in chunks]
+                    return specs, pipe.execute()
+            except redis.exceptions.NoScriptError:
+                if attempt == NO_SCRIPT_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     def _job(self, pipe: redis.client.Pipeline, params: GenParams, keyed: list[tuple[str, PromptItem]]) -> JobSpec:
         """Queue CLAIM of one chunk's job on ``pipe``; return its spec."""

@@ -20,7 +20,7 @@ from typing import Any
 from common.errors import InputFileError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
 from common.naming import derived_seed
-from common.presets import check_adapter
+from common.presets import adapter_path
 
 COLUMNS = (
     "prompt",
@@ -111,6 +111,8 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
     if "prompt" not in values:
         raise InvalidJobSpec("prompt is empty")
     adapter = values.get("adapter", defaults.adapter)
+    if adapter:
+        adapter = _adapter_path(adapter, defaults.check_paths)
     params = _params(
         model=defaults.model,
         width=values.get("width", defaults.width),
@@ -120,8 +122,6 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         adapter=adapter,
         adapter_scale=float(values.get("adapter_scale", defaults.adapter_scale)) if adapter else 1.0,
     )
-    if adapter and defaults.check_paths:
-        _check_adapter(adapter)
     prompt = values["prompt"]
     negative = values.get("negative_prompt", "")
     row_id = values.get("id")
@@ -145,8 +145,9 @@ def _params(**values: Any) -> GenParams:
 
 
 @functools.lru_cache(maxsize=1024)
-def _check_adapter(adapter: str) -> None:
-    check_adapter(adapter)
+def _adapter_path(adapter: str, check: bool) -> str:
+    """The adapter as jobs store it (absolute, checked once per distinct cell)."""
+    return adapter_path(adapter, check=check)
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -73,3 +73,67 @@ def test_an_output_that_is_a_file_is_refused_at_enqueue(env, conn, tmp_path, whe
     expected = f"error: --output '{output}' {said}; give a folder; nothing was enqueued"
     assert result.output.strip().splitlines()[-1] == expected
     assert conn.dbsize() == 0
+
+
+def _safetensors(path, keys: list[str]) -> None:
+    """A safetensors file with ``keys`` (header only matters: the producer reads nothing else)."""
+    import json
+    import struct
+
+    header = {k: {"dtype": "F16", "shape": [1], "data_offsets": [2 * i, 2 * i + 2]} for i, k in enumerate(keys)}
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0\0" * len(keys))
+
+
+@pytest.mark.parametrize(
+    ("name", "cell", "reason"),
+    [
+        ("a system file", "/etc/passwd", "passwd is not a .safetensors file"),
+        ("a relative path out of the folder", "../../../../../../../../etc/passwd", "passwd is not a .safetensors"),
+        ("safetensors without LoRA keys", "{tmp}/model.safetensors", "model.safetensors holds no LoRA/DoRA weights"),
+        ("not safetensors inside", "{tmp}/fake.safetensors", "fake.safetensors is not a safetensors file"),
+        ("a folder without weights", "{tmp}", "is a folder with no .safetensors file"),
+    ],
+)
+def test_an_adapter_that_is_not_a_lora_file_is_refused_with_its_row(env, conn, tmp_path, monkeypatch, name, cell,
+                                                                      reason):  # fmt: skip
+    """Finding 4: any file that existed was taken for an adapter (``/etc/passwd`` too)."""
+    _safetensors(tmp_path / "model.safetensors", ["down_blocks.0.weight"])
+    (tmp_path / "fake.safetensors").write_bytes(b"\xff" * 64)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rows = tmp_path / "p.csv"
+    cell = cell.format(tmp=empty if name == "a folder without weights" else tmp_path)
+    rows.write_text(f"prompt,adapter\nok,\nx,{cell}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    result = producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert f"error: {rows}:3: adapter " in result.output and reason in result.output, result.output
+    assert "Traceback" not in result.output
+    assert conn.dbsize() == 0, "something was enqueued"
+
+
+def test_an_adapter_path_is_stored_absolute_and_a_relative_one_without_checks_is_refused(env, conn, tmp_path,
+                                                                                         monkeypatch):  # fmt: skip
+    """Each worker resolved a relative path against its own folder: the job now names the file."""
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from common.queues import get_queue
+
+    lora = tmp_path / "loras" / "style.safetensors"
+    lora.parent.mkdir()
+    _safetensors(lora, ["unet.down.to_q.lora_A.weight", "unet.down.to_q.lora_B.weight"])
+    rows = tmp_path / "p.csv"
+    rows.write_text("prompt,adapter\nx,loras/style.safetensors\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out").exit_code == 0
+    (job_id,) = get_queue("diffq", conn).job_ids
+    spec = Job.fetch(job_id, connection=conn, serializer=JSONSerializer).kwargs["spec"]
+    assert spec["params"]["adapter"] == str(lora)
+    conn.flushdb()
+    result = producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out", "--no-path-checks")
+    assert result.exit_code == 2 and f"{rows}:2: adapter 'loras/style.safetensors' is a relative path" in (
+        result.output
+    ), result.output
+    assert conn.dbsize() == 0

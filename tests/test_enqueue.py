@@ -105,3 +105,26 @@ def test_enqueue_streams_memory_does_not_grow_with_the_file(conn, tmp_path):
     large = _enqueue_peak(conn, tmp_path / "large.csv", 10_000)
     assert get_queue("diffq", conn).count == 10_000 // 4
     assert large < 1.5 * small, (small, large)
+
+
+def test_enqueue_survives_redis_losing_its_scripts_between_load_and_run(env, conn, tmp_path, monkeypatch):
+    """Finding 6: redis-py loads a pipeline's scripts, then runs it; a Redis that restarted in
+    between has an empty script cache and answers NoScriptError (a traceback, before). The
+    restart's effect is made exactly: the real script cache of the real server is flushed there."""
+    import redis.client
+
+    real_load = redis.client.Pipeline.load_scripts
+    flushed = []
+
+    def load_then_lose(self):  # the restart lands between SCRIPT LOAD and the pipeline's EVALSHAs
+        real_load(self)
+        if len(flushed) < 2:
+            flushed.append(1)
+            redis.Redis(connection_pool=self.connection_pool).script_flush()
+
+    monkeypatch.setattr(redis.client.Pipeline, "load_scripts", load_then_lose)
+    rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"restart {i}\n" for i in range(6)))
+    result = producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out", "--chunk-size", "2")
+    assert result.exit_code == 0, result.output
+    assert len(flushed) == 2 and "6 new" in result.output
+    assert sum(len(s.items) for s in queued_specs(conn)) == 6 and conn.hlen(items_key("diffq")) == 6

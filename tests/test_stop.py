@@ -186,3 +186,15 @@ def run_matrix(env: dict[str, str], server: RedisServer, tmp_path: Path, small_d
     for cell in cells:
         if cell.images:
             assert_exactly_once(cell.out, cell.images)
+
+
+def test_the_hard_exit_timer_keeps_a_margin_inside_the_promise():
+    """Finding 7: the cold-exit timer was the promise itself (1.5 s), and two of seven exits were
+    measured at 1.538 s. The timer now fires a third of the promise early, and README states the
+    promise this test holds the timer to."""
+    from worker.serving.rqworker import COLD_EXIT_PROMISE_S, COLD_EXIT_S
+
+    assert COLD_EXIT_S <= COLD_EXIT_PROMISE_S * 2 / 3
+    assert f"within {COLD_EXIT_PROMISE_S:g} s, even with Redis down" in " ".join(
+        (ROOT / "README.md").read_text().split()
+    )

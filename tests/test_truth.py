@@ -166,9 +166,8 @@ def _kill_round(env: dict[str, str], conn, tmp_path: Path, round_no: int) -> Non
     base = tmp_path / f"round{round_no}"
     base.mkdir()
     out = base / "out"
-    rows = _prompts(base, 12, f"round{round_no}")
-    slow = (*FLAGS[:-1], "60")  # a job denoises for seconds: the kill lands mid-denoising
-    assert producer("enqueue", rows, *slow, "--chunk-size", "2", "--output", out).exit_code == 0
+    rows = _prompts(base, 10, f"round{round_no}")  # five jobs: four held, at least one to denoise
+    assert producer("enqueue", rows, *FLAGS, "--chunk-size", "2", "--output", out).exit_code == 0
     never = base / "never"
     phases = {"taken": "HELD_TAKEN", "loading": "HELD_LOAD", "writing": "HELD_WRITER"}
     workers, states = {}, {}
@@ -189,7 +188,7 @@ def _kill_round(env: dict[str, str], conn, tmp_path: Path, round_no: int) -> Non
             kill(proc)
     _assert_not_done_said(env, out)
     _drain(env, base / "drain.log")
-    _assert_done_and_said(env, out, 12)
+    _assert_done_and_said(env, out, 10)
     assert conn.llen(intermediate_key("diffq")) == 0
     assert conn.zcard(get_queue("diffq", conn).started_job_registry.key) == 0
 

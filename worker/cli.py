@@ -195,6 +195,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         log_format=_log_format(settings.gpu_label),
         with_scheduler=False,  # the keeper thread moves due retries; no child process to orphan
     )
+    worker.wait_for_cold_exit()
     if worker.lease_lost:
         sys.exit(EXIT_LEASE_LOST)
 
