@@ -18,6 +18,9 @@ install: $(VENV)/.installed
 	@command -v chromium >/dev/null || { \
 	  echo "installing chromium from Debian's packages (the dashboard test renders its pages)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+	@command -v prometheus >/dev/null || { \
+	  echo "installing prometheus from Debian's packages (the metrics test scrapes a run with it)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq prometheus >/dev/null; }
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \

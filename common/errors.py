@@ -19,6 +19,12 @@ class ConfigError(DiffqError):
     exit_code = 2
 
 
+class CampaignCancelled(DiffqError):
+    """``producer cancel`` cancelled the queue's campaign while this enqueue was topping it up."""
+
+    exit_code = 6
+
+
 class InvalidJobSpec(DiffqError):
     """A job or a row does not describe something we can generate."""
 

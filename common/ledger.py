@@ -38,7 +38,7 @@ import redis
 
 from common.naming import output_id
 from common.queues import RECENT_WINDOW_S, enqueued_key, images_key, intents_key, items_key, recent_key
-from common.rq_keys import queue_key, rq_names, started_registry_key
+from common.rq_keys import canceled_registry_key, failed_registry_key, queue_key, rq_names, started_registry_key
 
 DONE = "done"
 
@@ -61,7 +61,8 @@ REDO_PREFIX = "r:"
 #: there); remake a done item's images and lines
 MAKE, REMAKE_IMAGES, REMAKE_ALL = 0, 1, 2
 
-#: KEYS: items, queue, job hash, rq:queues, images-enqueued counter, images-written counter.
+#: KEYS: items, queue, job hash, rq:queues, images-enqueued counter, images-written counter, the
+#: queue's failed and canceled registries (a job queued again under its old id leaves them).
 #: ARGV: job id, n, RQ's job key prefix, RQ's ended statuses (comma-separated; see
 #: :mod:`common.rq_keys`), n item keys, n redo flags, n image counts, job fields... A redo flag
 #: is '0' (make it if it is not done), '1' (done, its images are missing, its lines are there)
@@ -98,6 +99,8 @@ if #taken > 0 then return taken end
 local status = redis.call('HGET', KEYS[3], 'status')
 if status and not ended[status] then return {'*job'} end
 redis.call('DEL', KEYS[3])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('ZREM', KEYS[8], ARGV[1])
 local images = 0
 local uncounted = 0
 for i = 1, n do
@@ -224,6 +227,8 @@ class Ledger:
             rq.queues_key,
             self.enqueued_key,
             self.images_key,
+            failed_registry_key(self.queue),
+            canceled_registry_key(self.queue),
         ]
         return self._claim(keys=keys_, args=args, client=client)
 

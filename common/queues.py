@@ -197,6 +197,12 @@ def seen_member(output: str) -> str:
     return f"{socket.gethostname()}\t{output}"
 
 
+def cancelled_key(queue: str) -> str:
+    """When ``producer cancel`` last cancelled the queue's campaign: an enqueue that began before
+    stops topping the queue up."""
+    return f"diffq:{queue}:cancelled-at"
+
+
 def finished_key(queue: str) -> str:
     """Jobs finished since the campaign began (RQ's finished registry keeps only the newest)."""
     return f"diffq:{queue}:finished"

@@ -12,7 +12,7 @@ from functools import cache
 
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.registry import FinishedJobRegistry, StartedJobRegistry
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.results import Result
 
 
@@ -51,6 +51,16 @@ def rq_names() -> RqNames:
 def finished_registry_key(queue: str) -> str:
     """RQ's finished registry of ``queue`` (no connection needed to name it)."""
     return FinishedJobRegistry(queue, connection=None).key  # type: ignore[arg-type]
+
+
+def failed_registry_key(queue: str) -> str:
+    """RQ's failed registry of ``queue`` (jobs stopped on request land there too)."""
+    return FailedJobRegistry(queue, connection=None).key  # type: ignore[arg-type]
+
+
+def canceled_registry_key(queue: str) -> str:
+    """RQ's canceled registry of ``queue`` (``producer cancel``)."""
+    return CanceledJobRegistry(queue, connection=None).key  # type: ignore[arg-type]
 
 
 def started_registry_key(queue: str) -> str:

@@ -51,6 +51,7 @@ ENV_NAMES: dict[str, str] = {
     "precompile": "DIFFQ_PRECOMPILE",
     "offload": "DIFFQ_OFFLOAD",
     "gpu_memory": "DIFFQ_GPU_MEMORY",
+    "metrics_port": "DIFFQ_METRICS_PORT",
 }
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -110,6 +111,9 @@ class Settings:
     #: GiB of the GPU this worker may use (0: all that is free); for a shared GPU, or to rehearse
     #: a smaller one on a big one
     gpu_memory: float = 0.0
+    #: a worker serves Prometheus metrics on this port (0: off; ``worker launch`` gives each of
+    #: its workers the next one)
+    metrics_port: int = 0
     # -- xDiT groups (worker/group): how each image is split over the ranks; flags win
     ulysses_degree: int = 1
     ring_degree: int = 1

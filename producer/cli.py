@@ -23,7 +23,7 @@ from rq.serializers import JSONSerializer
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
 from common.presets import MODEL_PRESETS, adapter_path, check_model
-from common.queues import checked_key, connect, get_queue, images_key
+from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
 from common.settings import Settings, redact
 from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
@@ -434,6 +434,50 @@ def _wait_extra(st: QueueStatus) -> str:
     return "· " + " · ".join(parts)
 
 
+@main.command(short_help="Cancel the queue's campaign: queued jobs removed, running ones stopped; enqueue resumes.")
+@queue_options
+@click.option("--dry-run", is_flag=True, help="Say what would be cancelled and stopped; change nothing.")
+@user_errors
+def cancel(queue: str | None, redis_url: str | None, dry_run: bool) -> None:
+    """Cancel every job of the queue that is not over: queued and retrying jobs are removed
+    (RQ's canceled registry lists them), running ones are stopped through RQ's stop-job at their
+    next step, before any of their images is written. Images already written stay. Their items
+    are not done: `producer status` counts them, and the same `producer enqueue` queues them
+    again. An enqueue still topping the queue up stops."""
+    from producer.cancel import cancel as cancel_campaign
+    from producer.cancel import describe as describe_cancel
+
+    settings = Settings.load(queue=queue, redis_url=redis_url)
+    conn = connect(settings.redis_url)
+    report = cancel_campaign(conn, settings.queue, ttl=settings.heartbeat_ttl, dry_run=dry_run)
+    click.echo("\n".join(describe_cancel(report, settings.queue, dry_run)))
+
+
+@main.command(short_help="Serve the queues' state as Prometheus metrics (jobs by place, images, rate, workers).")
+@click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL].")
+@click.option("--queue", "queues", multiple=True, help="Only this queue (repeat for more) [default: every queue].")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: everyone).")
+@click.option("--port", type=int, default=9182, show_default=True, help="Port to listen on.")
+@user_errors
+def metrics(redis_url: str | None, queues: tuple[str, ...], bind: str, port: int) -> None:
+    """Serve /metrics for Prometheus: read at each scrape by the same code as `producer status`
+    (docs/usage.md lists the series). Each worker serves its own with --metrics-port."""
+    from prometheus_client import start_http_server
+
+    from producer.metrics import registry_for
+
+    settings = Settings.load(redis_url=redis_url)
+    conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)  # a scrape waits out a Redis restart
+    try:
+        start_http_server(port, addr=bind, registry=registry_for(conn, ttl=settings.heartbeat_ttl, queues=list(queues)))
+    except OSError as exc:
+        raise ConfigError(f"--port {port}: cannot listen on {bind} ({exc.strerror})") from None
+    click.echo(f"metrics of {', '.join(queues) or 'every queue'} at {redact(settings.redis_url)} on "
+               f"http://{bind}:{port}/metrics", err=True)  # fmt: skip
+    while True:
+        time.sleep(3600)
+
+
 @main.command("retry-failed", short_help="Put failed jobs back on the queue (the retryable ones by default).")
 @queue_options
 @click.option("--all", "everything", is_flag=True, help="Also jobs that failed permanently (after fixing their input).")
@@ -487,7 +531,7 @@ def dashboard(redis_url: str | None, password: str | None, **opts: Any) -> None:
     if not password:
         raise ConfigError("the dashboard needs a password: --password or RQ_DASHBOARD_PASSWORD (basic auth)")
     connect(settings.redis_url)  # a wrong URL is one line here, not a stack of Flask errors later
-    run_dashboard(redis_url=settings.redis_url, password=password, **opts)
+    run_dashboard(redis_url=settings.redis_url, password=password, ttl=settings.heartbeat_ttl, **opts)
 
 
 if __name__ == "__main__":

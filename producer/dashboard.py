@@ -74,11 +74,20 @@ def _serialize_current_job(original: Any) -> Any:
 
 
 def run_dashboard(
-    *, redis_url: str, bind: str, port: int, username: str, password: str, allow_delete: bool, poll_ms: int
+    *,
+    redis_url: str,
+    bind: str,
+    port: int,
+    username: str,
+    password: str,
+    allow_delete: bool,
+    poll_ms: int,
+    ttl: float = 30.0,
 ) -> None:
     import rq_dashboard.web as web
     from rq_dashboard.cli import run
 
+    web.blueprint.add_url_rule("/metrics", "diffq_metrics", _metrics_view(redis_url, ttl))
     web.Worker = JSONWorker  # the Workers page: see the module docstring
     web.serialize_current_job = _serialize_current_job(web.serialize_current_job)
     web.blueprint.after_request(_readable_job_page)
@@ -87,6 +96,22 @@ def run_dashboard(
     if not allow_delete:
         args.append("--disable-delete")
     run.main(args=args, prog_name="producer dashboard", standalone_mode=True)
+
+
+def _metrics_view(redis_url: str, ttl: float) -> Any:
+    """``/metrics`` beside the dashboard's pages, behind its basic auth (producer/metrics.py)."""
+    from flask import Response
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from common.queues import PATIENCE_FOREVER, connect
+    from producer.metrics import registry_for
+
+    registry = registry_for(connect(redis_url, retries=PATIENCE_FOREVER), ttl=ttl)
+
+    def view() -> Any:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    return view
 
 
 def _readable_job_page(response: Any) -> Any:

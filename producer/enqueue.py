@@ -22,11 +22,11 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.utils import now
 
-from common.errors import ConfigError, InputFileError
+from common.errors import CampaignCancelled, ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
 from common.ledger import MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger, is_done
 from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
-from common.queues import TASK_FUNC, get_queue, items_key, seen_key, seen_member
+from common.queues import TASK_FUNC, cancelled_key, get_queue, items_key, seen_key, seen_member
 from common.rq_keys import rq_names
 from common.settings import Settings
 from common.storage import Store, is_url, local_path, problem
@@ -192,6 +192,7 @@ class Enqueuer:
         self._output = Path(options.output)
         #: visible: missing images can be checked from here; gone: the whole folder was deleted
         self.output_visible, self.output_gone = self._visibility(queue_name)
+        self._began = time.time()  # a producer cancel after this stops this enqueue
         self._listed: set[str] | None = None  # an object store's image names, listed once when needed
         self._recorded: set[str] | None = None  # image names with a metadata line, read once when needed
 
@@ -320,15 +321,26 @@ class Enqueuer:
             return 1 << 30
         delay = 0.05
         while (queued := self.conn.llen(self.queue.key)) >= limit:
+            self._check_not_cancelled()
             if self.on_wait:
                 self.on_wait(queued)
             self.sleep(delay)
             delay = min(1.0, delay * 2)
         return limit - queued
 
+    def _check_not_cancelled(self) -> None:
+        at = self.conn.get(cancelled_key(self.queue.name))
+        if at is not None and float(at) > self._began:
+            raise CampaignCancelled(
+                f"queue {self.queue.name!r} was cancelled (producer cancel) while this enqueue ran: "
+                f"{self.report.jobs} job(s) queued before that; run the same command to resume"
+            )
+
     def _claim(self, chunks: list[tuple[GenParams, list[tuple[str, PromptItem]]]]) -> None:
         """CLAIM each chunk (one pipeline); chunks that lost items to another producer are
         queued again without them."""
+        if chunks:
+            self._check_not_cancelled()
         while chunks:
             specs, answers = self._claim_pipeline(chunks)
             retry: list[tuple[GenParams, list[tuple[str, PromptItem]]]] = []

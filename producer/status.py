@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import redis
 from rq import Worker
 from rq.job import Job
-from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.queues import RECENT_WINDOW_S, finished_key, get_queue, paused_key, recent_key
@@ -73,6 +73,8 @@ class QueueStatus:
     starting: int = 0
     #: in no runnable place (their worker died): the next worker to look re-queues them
     lost: int = 0
+    #: jobs ``producer cancel`` cancelled (RQ's canceled registry)
+    cancelled: int = 0
     #: images of the campaign in no job at all while nothing is pending: items whose job was
     #: stopped, cancelled or deleted (``producer enqueue`` of their file queues them again)
     unaccounted: int = 0
@@ -112,7 +114,7 @@ class QueueStatus:
     @property
     def complete(self) -> bool:
         """Every image of the campaign is written: nothing pending, failed or unaccounted."""
-        return not self.pending and not self.failed and not self.unaccounted
+        return not self.pending and not self.failed and not self.unaccounted and not self.cancelled
 
     @property
     def images_in_progress(self) -> float:
@@ -150,6 +152,7 @@ class QueueStatus:
                 "lost": self.lost,
                 "finished": self.finished,
                 "failed": self.failed,
+                "cancelled": self.cancelled,
                 "pending": self.pending,
             },
             "images": {
@@ -209,17 +212,18 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
     with conn.pipeline(transaction=False) as pipe:
         pipe.zcard(FinishedJobRegistry(**kw).key)
         pipe.zcard(FailedJobRegistry(**kw).key)
+        pipe.zcard(CanceledJobRegistry(**kw).key)
         pipe.get(finished_key(queue_name))
         now = time.time()
         pipe.zcount(recent_key(queue_name), now - RECENT_WINDOW_S, "+inf")
         pipe.zrangebyscore(
             recent_key(queue_name), now - RECENT_WINDOW_S, "+inf", start=0, num=RATE_SAMPLE, withscores=True
         )
-        finished, failed, counted, total, recent = pipe.execute()
+        finished, failed, cancelled, counted, total, recent = pipe.execute()
     status.queued, status.running, status.scheduled = place.queued, place.running, place.retrying
     status.starting, status.lost = place.starting, place.lost
     # RQ's registry keeps only the newest finished jobs (DIFFQ_KEEP_FINISHED); the counter has them all
-    status.finished, status.failed = max(finished, int(counted or 0)), failed
+    status.finished, status.failed, status.cancelled = max(finished, int(counted or 0)), failed, cancelled
     status.images_written = place.images_written
     status.images_enqueued = place.images_enqueued
     if not status.pending and status.images_written < status.images_enqueued:
@@ -295,6 +299,8 @@ def render(status: QueueStatus, redis_label: str) -> str:
         f"  finished  {status.finished}",
         f"  failed    {status.failed}",
     ]
+    if status.cancelled:
+        lines.insert(-1, f"  cancelled {status.cancelled} (producer cancel; the same producer enqueue resumes them)")
     lines += [f"    {f.job_id}: {f.reason}" for f in status.failures]
     if status.failed > len(status.failures):
         lines.append(f"    ... {status.failed - len(status.failures)} more")

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from common.errors import DiffqError
+from common.errors import ConfigError, DiffqError
 from common.presets import CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, SPEEDUP_LEVERS
 from common.queues import PATIENCE_FOREVER, connect, get_queue
 from common.settings import Settings, redact
@@ -61,6 +61,12 @@ def run_options(func: Any) -> Any:
             "[DIFFQ_GPU_MEMORY; default all that is free].",
         ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
+        click.option(
+            "--metrics-port",
+            type=int,
+            help="Serve Prometheus metrics (images, jobs, job time, failures, pauses) on this port; launch gives "
+            "each worker the next one [DIFFQ_METRICS_PORT; 0: off].",
+        ),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
         click.option("--max-jobs", type=int, help="Exit after this many jobs."),
     ]
@@ -94,6 +100,7 @@ def run(**opts: Any) -> None:
             compile_cache=opts["compile_cache"],
             offload=opts["offload"],
             gpu_memory=opts["gpu_memory"],
+            metrics_port=opts["metrics_port"],
         )
         lease = None
         # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the lease)
@@ -166,7 +173,16 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     log = logging.getLogger("diffq.worker")
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
     name = opts["name"] or worker_name(settings.gpu_label)
-    rt = Runtime(settings, pipelines, worker_name=name)
+    metrics = None
+    if settings.metrics_port:
+        from worker.serving.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics(name, settings.gpu_label, settings.queue)
+        try:
+            metrics.serve(settings.metrics_port)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {settings.metrics_port}: cannot listen ({exc.strerror})") from None
+    rt = Runtime(settings, pipelines, worker_name=name, metrics=metrics)
     worker = DiffqWorker(
         [get_queue(settings.queue, conn)],
         connection=conn,

@@ -439,17 +439,26 @@ class DiffqWorker(SimpleWorker):
         exc = exc_info[1]
         if isinstance(exc, redis.RedisError) and WAY_OUT.closed():
             raise exc  # stopping with Redis gone: nothing to record (execute_job says so)
+        metrics = self.runtime.metrics if self.runtime is not None else None
         if isinstance(exc, JobLost) or not self.owns(job, self._execution_of(job)):
             self._lost = job.id
+            if metrics is not None:
+                metrics.job_ended("lost")
             return
         if isinstance(exc, WorkerUnavailable):
+            if metrics is not None:
+                metrics.job_ended("given_back")
             return
         if isinstance(exc, JobStopped):
+            if metrics is not None:
+                metrics.job_ended("stopped")
             job.meta["error"] = f"{exc}; producer enqueue of its prompts file queues its items again"
             job.save_meta()
             log.warning("%s", exc)
             return
         failure = classify(exc)
+        if metrics is not None:
+            metrics.job_ended("failed", kind=type(exc).__name__)
         cause = f"{type(exc).__name__}: {failure.reason}"
         times = self._told[cause] = self._told.get(cause, 0) + 1
         if times == 1 or times in (10, 100, 1000) or times % 10000 == 0:
@@ -524,6 +533,8 @@ class DiffqWorker(SimpleWorker):
         the worker alive. Said once in the log, and kept in Redis for ``producer status``."""
         self.paused = Pause(reason, probe, since=time.time(), next_probe=time.monotonic() + 1.0)
         log.error("paused, jobs stay queued: %s", reason)
+        if self.runtime is not None and self.runtime.metrics is not None:
+            self.runtime.metrics.paused("output")
         try:
             self.set_state(WorkerStatus.SUSPENDED)
             self._publish_state()
@@ -549,6 +560,8 @@ class DiffqWorker(SimpleWorker):
             log.warning("resumed after %.0fs: %s", time.time() - pause.since,
                              "the output folder can take jobs again")  # fmt: skip
             self.paused = pause = None
+            if self.runtime is not None and self.runtime.metrics is not None:
+                self.runtime.metrics.paused(None)
             try:
                 self._publish_state()
             except redis.RedisError as exc:

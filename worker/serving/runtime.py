@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from common.settings import Settings
 from worker.pipelines.backend import GenerationBackend
 from worker.serving.breaker import Breaker
+from worker.serving.metrics import WorkerMetrics
 
 
 @dataclass
@@ -21,3 +22,5 @@ class Runtime:
     batch_limits: dict[tuple[str, int, int], int] = field(default_factory=dict)
     #: models and adapters this worker failed to load (see :mod:`worker.serving.breaker`)
     breaker: Breaker = field(default_factory=Breaker)
+    #: this worker's Prometheus series (``--metrics-port``); None: not served
+    metrics: WorkerMetrics | None = None

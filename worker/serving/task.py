@@ -179,6 +179,8 @@ def _tail(run: Run, batch: BatchResult) -> dict[str, Any]:
     counted = _record(run, records + existing)
     timings = run.timings
     timings["total_s"] = time.perf_counter() - run.started
+    if run.ctx.runtime.metrics is not None:
+        run.ctx.runtime.metrics.job_finished(images=len(records), seconds=timings["total_s"])
     run.progress.update(force=True, images_done=chunk.num_images)
     conn = run.conn
     left = conn.llen(get_queue(run.queue_name, conn).key) if conn is not None else 0

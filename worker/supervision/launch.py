@@ -132,6 +132,9 @@ class Launcher:
         env["CUDA_VISIBLE_DEVICES"] = slot.visible
         env["DIFFQ_GPU"] = slot.label
         env["PYTHONUNBUFFERED"] = "1"
+        base = int(env.get("DIFFQ_METRICS_PORT") or 0)
+        if base:  # one port per child: the first child's is the given one
+            env["DIFFQ_METRICS_PORT"] = str(base + self.slots.index(slot))
         if not slot.visible:  # CPU stand-ins share the cores instead of oversubscribing them
             cpu_slots = sum(1 for s in self.slots if not s.visible)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cpu_slots)))
