@@ -85,6 +85,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/hadolint Dockerfile
+	$(BIN)/python tests/docs_check.py
 
 format: install
 	$(BIN)/ruff format .
