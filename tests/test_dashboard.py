@@ -63,6 +63,15 @@ def test_workers_page_shows_the_running_job(env, conn, tmp_path):
         assert "step " in page["description"] and page["status"] == "started"
         refused = get(f"http://127.0.0.1:{port}/job/{job.id}/delete", data=b"")
         assert refused == {"status": "DISABLED"}
+        # Prometheus metrics beside the pages, behind the same basic auth (producer/metrics.py)
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert denied.value.code == 401
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+        request.add_header("Authorization", "Basic " + base64.b64encode(b"diffq:s3cret").decode())
+        with urllib.request.urlopen(request, timeout=30) as response:
+            scraped = response.read().decode()
+        assert 'diffq_jobs{queue="diffq",state="running"} 1.0' in scraped, scraped
 
         # in a browser: the Workers page's script renders the running job with its progress
         page = rendered(f"http://diffq:s3cret@127.0.0.1:{port}/0/view/workers", tmp_path)
