@@ -6,6 +6,7 @@
 #   bash bench/group_device.sh profile2  # FLUX: 1 GPU, Ulysses 2, ring 2 under torch.profiler; the 2-GPU group through the queue
 #   bash bench/group_device.sh groups2   # a data-parallel group next to 2 workers (FLUX); SDXL CFG parallel compiled
 #   bash bench/group_device.sh compile2  # FLUX: 1 GPU and Ulysses 2, eager and compile-blocks; the group through the queue
+#   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
 R=$OUT/group.jsonl
@@ -92,6 +93,22 @@ groups2)  # issue 16 goal 3 (a data-parallel group next to two single-GPU worker
   [ $SECONDS -lt 430 ] && DIFFQ_SPEEDUPS=$SC timeout 130 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1,4 \
     --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2-compiled > $OUT/sdxl2c.log 2>&1
   tar czf $OUT/logs.tgz -C $OUT --exclude logs.tgz --exclude group.jsonl . 2>/dev/null
+  ;;
+cfgprofile)  # issue 46: where one SDXL image's time goes under CFG parallel on 2 GPUs, against 1 GPU with
+  # the single worker's levers (compile-unet, compile-vae); the group's default and the worker's levers on 2
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  W=vae-fp16,compile-unet,compile-vae
+  nvidia-smi topo -m > $OUT/topo.txt 2>&1
+  DIFFQ_SPEEDUPS=$W timeout 170 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 2 --save /tmp/sdxl1.npy \
+    --out $R --label sdxl-1gpu-worker-levers --profile $OUT/prof1 > $OUT/sdxl1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 2 --compare /tmp/sdxl1.npy \
+    --out $R --label sdxl-cfg2-group-default --profile $OUT/prof2 > $OUT/sdxl2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 330 ] && { DIFFQ_SPEEDUPS=$W timeout $((500 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S \
+    --cfg-parallel --batches 1 --runs 2 --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2-worker-levers \
+    --profile $OUT/prof2u > $OUT/sdxl2u.log 2>&1; echo "CFG 2, worker levers rc=$? at ${SECONDS}s"; }
+  find $OUT -name '*.trace.json.gz' -delete  # at most 8 files come back: the summaries and logs, in one archive
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/prof* $OUT/*.log $OUT/topo.txt
+  mv /tmp/logs.tgz $OUT/
   ;;
 esac
 cat $R
