@@ -39,6 +39,12 @@ def main() -> None:
     ap.add_argument("--save", help="rank 0 writes the first image of batch 1 here (.npy)")
     ap.add_argument("--compare", help="a .npy image to compare the first image with")
     ap.add_argument("--label", default="")
+    ap.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help="experiment: the whole-graph levers compile lazily with mode=reduce-overhead (CUDA graphs), "
+        "no precompiled files; the product has no such lever yet",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -53,6 +59,11 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local_rank())
+    if args.cudagraphs:
+        import worker.pipelines.speedups as speedups
+
+        os.environ["DIFFQ_PRECOMPILE"] = "0"
+        speedups._compile_lazily = lambda module: module.compile(fullgraph=True, dynamic=False, mode="reduce-overhead")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = GroupLayout(

@@ -110,5 +110,16 @@ cfgprofile)  # issue 46: where one SDXL image's time goes under CFG parallel on 
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/prof* $OUT/*.log $OUT/topo.txt
   mv /tmp/logs.tgz $OUT/
   ;;
+cudagraphs)  # issue 46: the same, the UNet and decoder under CUDA graphs (bench-only --cudagraphs)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-unet,compile-vae
+  timeout 170 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy --out $R \
+    --label sdxl-1gpu-worker-levers > $OUT/sdxl1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 200 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 3 --compare /tmp/sdxl1.npy \
+    --cudagraphs --out $R --label sdxl-cfg2-cudagraphs > $OUT/sdxl2g.log 2>&1; echo "CFG 2, CUDA graphs rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 380 ] && { timeout $((500 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 \
+    --cudagraphs --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-cudagraphs > $OUT/sdxl1g.log 2>&1; \
+    echo "1 GPU, CUDA graphs rc=$? at ${SECONDS}s"; }
+  tail -3 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
 esac
 cat $R
