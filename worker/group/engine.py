@@ -35,8 +35,10 @@ from worker.serving.failures import classify
 log = logging.getLogger("diffq.group")
 
 
-#: what ``--speedups auto`` means for a group on CUDA
-GROUP_CUDA_DEFAULT = "vae-fp16,compile-blocks"
+#: what ``--speedups auto`` means for a group on CUDA: an SDXL group takes the single worker's
+#: levers (the whole UNet and the decoder compiled; compile-blocks is left out where compile-unet
+#: applies), a FLUX group compiles its transformer's blocks (the UNet levers do not apply to it)
+GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks"
 
 
 class RankEngine:
@@ -48,9 +50,9 @@ class RankEngine:
         self.per_dp = world // layout.data_parallel_degree
         self.dp_rank = rank // self.per_dp
         self.holder = True  # whether this rank ends a batch with its dp group's images
-        # a group's own defaults, measured under its splits on 2 H200s (docs/benchmarks.md):
-        # compile-blocks takes FLUX under Ulysses 2 from 3.76 to 2.72 s and SDXL under CFG
-        # parallel 8-9 % lower; compile-resnets was not measured there
+        # a group's own defaults, measured under its splits (docs/benchmarks.md): compile-blocks
+        # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
+        # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
         speedups = settings.speedups
         if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
             speedups = GROUP_CUDA_DEFAULT
