@@ -121,5 +121,13 @@ cudagraphs)  # issue 46: the same, the UNet and decoder under CUDA graphs (bench
     echo "1 GPU, CUDA graphs rc=$? at ${SECONDS}s"; }
   tail -3 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
+cudagraphs1)  # issue 46: the fair baseline, 1 GPU under CUDA graphs too, then CFG parallel under them again
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-unet,compile-vae
+  timeout 230 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --cudagraphs --save /tmp/sdxl1.npy --out $R \
+    --label sdxl-1gpu-cudagraphs > $OUT/sdxl1g.log 2>&1; echo "1 GPU, CUDA graphs rc=$? at ${SECONDS}s"
+  timeout $((480 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 3 --cudagraphs \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2-cudagraphs > $OUT/sdxl2g.log 2>&1; echo "CFG 2, CUDA graphs rc=$? at ${SECONDS}s"
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
 esac
 cat $R
