@@ -33,6 +33,7 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
 from rq.utils import parse_composite_key
 from rq.worker import Worker
 
@@ -117,22 +118,20 @@ def left(conn: redis.Redis, queue: str, *, ttl: float, now: float | None = None,
     return state
 
 
+def spec_images(job: Job) -> int:
+    """Images a diffq job makes, from its spec (0 for anything else)."""
+    try:
+        return sum(int(item.get("num_images", 1)) for item in job.kwargs["spec"]["items"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return 0
+
+
 def failed_images(conn: redis.Redis, queue: str, most: int = 10_000) -> int:
     """Images of the jobs in the failed registry (failed, or stopped on request), from their
     specs: with :class:`Left`'s counters, what no job will write unless it is retried."""
     ids = FailedJobRegistry(queue, connection=conn).get_job_ids(0, most - 1)
-    from rq.serializers import JSONSerializer
-
-    total = 0
-    for job in Job.fetch_many(ids, connection=conn, serializer=JSONSerializer):
-        if job is None:
-            continue
-        try:
-            items = job.kwargs["spec"]["items"]
-            total += sum(int(item.get("num_images", 1)) for item in items)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-    return total
+    jobs = Job.fetch_many(ids, connection=conn, serializer=JSONSerializer)
+    return sum(spec_images(job) for job in jobs if job is not None)
 
 
 def job_places(conn: redis.Redis, job_ids: Iterable[str], lost: set[str]) -> dict[str, str]:

@@ -27,7 +27,7 @@ from rq.registry import CanceledJobRegistry, DeferredJobRegistry, ScheduledJobRe
 from rq.serializers import JSONSerializer
 
 from common.queues import cancelled_key, get_queue
-from common.reconcile import intermediate_key, left
+from common.reconcile import intermediate_key, left, spec_images
 
 #: jobs taken off the queue per round trip
 BATCH = 1000
@@ -46,24 +46,17 @@ class CancelReport:
         return self.queued + self.retrying + self.starting + len(self.running)
 
 
-def _images(job: Job) -> int:
-    try:
-        return sum(int(item.get("num_images", 1)) for item in job.kwargs["spec"]["items"])
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return 0
-
-
 def _cancel_all(conn: redis.Redis, queue: str, ids: list[str], report: CancelReport, dry_run: bool) -> int:
     """Mark ``ids`` (already off every list) canceled, as RQ's ``Job.cancel`` does without its
     per-job ``LREM`` over the whole queue (10^5 jobs would scan 10^10 entries)."""
     jobs = [j for j in Job.fetch_many(ids, connection=conn, serializer=JSONSerializer) if j is not None]
     if dry_run:
-        report.images += sum(_images(j) for j in jobs)
+        report.images += sum(spec_images(j) for j in jobs)
         return len(jobs)
     registry = CanceledJobRegistry(queue, connection=conn, serializer=JSONSerializer)
     with conn.pipeline() as pipe:
         for job in jobs:
-            report.images += _images(job)
+            report.images += spec_images(job)
             job.meta["error"] = "cancelled by producer cancel; producer enqueue of its prompts file queues it again"
             pipe.hset(job.key, "meta", JSONSerializer.dumps(job.meta))  # as Job.save_meta, in the pipeline
             job.set_status(JobStatus.CANCELED, pipeline=pipe)
@@ -101,7 +94,7 @@ def cancel(conn: redis.Redis, queue: str, *, ttl: float, dry_run: bool = False) 
             job = Job.fetch(jid, connection=conn, serializer=JSONSerializer)
         except NoSuchJobError:
             continue
-        report.images += _images(job)
+        report.images += spec_images(job)
         report.running.append((jid, job.worker_name or "?"))
         if not dry_run and job.worker_name:
             try:
