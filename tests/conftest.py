@@ -180,6 +180,15 @@ def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen
     )
 
 
+def drain(env: dict[str, str], log: Path, name: str = "DRAIN", timeout: float = 400) -> None:
+    """A fresh burst worker until the queue is empty; it must exit 0."""
+    worker = start_worker(env, log, "--burst", "--name", name)
+    try:
+        assert worker.wait(timeout) == 0, log.read_text()
+    finally:
+        kill(worker)
+
+
 def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
     """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout

@@ -12,6 +12,7 @@ from conftest import (
     SLOW,
     TINY_FLAGS,
     assert_exactly_once,
+    drain,
     images_under,
     kill,
     producer,
@@ -84,10 +85,6 @@ def test_cancel_stops_a_running_job_before_any_image_and_enqueue_finishes_the_ca
     assert images_under(out) == []  # the stopped job wrote nothing, the cancelled ones never ran
     again = producer("enqueue", rows, *SLOW, "--chunk-size", "2", "--output", out)
     assert again.exit_code == 0 and "6 new" in again.output, again.output
-    worker = start_worker(env, tmp_path / "w2.log", "--burst", "--name", "D")
-    try:
-        assert worker.wait(300) == 0
-    finally:
-        kill(worker)
+    drain(env, tmp_path / "w2.log")
     assert_exactly_once(out, 6)
     assert producer("wait", "--timeout", "30").exit_code == 0

@@ -6,7 +6,7 @@ Real worker processes, the tiny model, a real redis-server."""
 from __future__ import annotations
 
 import pytest
-from conftest import SLOW, assert_exactly_once, images_under, kill, producer, running_job, start_worker, wait_for
+from conftest import SLOW, assert_exactly_once, drain, images_under, kill, producer, running_job, start_worker, wait_for
 from rq.command import send_command, send_shutdown_command
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -60,9 +60,5 @@ def test_rqs_stop_job_stops_a_running_job_before_any_image_and_enqueue_brings_it
     assert len(images_under(out)) == 2  # the other job's; none of the stopped one's
     again = producer("enqueue", rows, *SLOW, "--chunk-size", "2", "--output", out)
     assert again.exit_code == 0 and "2 new" in again.output, again.output
-    worker = start_worker(env, tmp_path / "w2.log", "--burst", "--name", "AFTER")
-    try:
-        assert worker.wait(240) == 0
-    finally:
-        kill(worker)
+    drain(env, tmp_path / "w2.log")
     assert_exactly_once(out, 4)

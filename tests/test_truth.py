@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_exactly_once, images_under, kill, producer, start_worker, wait_for
+from conftest import ROOT, assert_exactly_once, drain, images_under, kill, producer, start_worker, wait_for
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
@@ -43,14 +43,6 @@ def _status(env: dict[str, str]) -> dict:
     result = _cli(env, "status", "--json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-def _drain(env: dict[str, str], log: Path) -> None:
-    worker = start_worker(env, log, "--burst", "--name", "DRAIN")
-    try:
-        assert worker.wait(400) == 0, log.read_text()
-    finally:
-        kill(worker)
 
 
 def _assert_done_and_said(env: dict[str, str], out: Path, images: int) -> None:
@@ -94,7 +86,7 @@ def test_a_job_stranded_as_its_worker_took_it_is_never_called_done(env, conn, tm
     _assert_not_done_said(env, out)
     st = _status(env)
     assert st["jobs"]["starting"] + st["jobs"]["lost"] == 1 and st["jobs"]["queued"] == 1, st
-    _drain(env, tmp_path / "drain.log")
+    drain(env, tmp_path / "drain.log")
     assert conn.llen(intermediate_key("diffq")) == 0
     _assert_done_and_said(env, out, 4)
 
@@ -105,14 +97,14 @@ def test_a_deleted_output_folder_is_made_again_by_the_same_enqueue(env, conn, tm
     whole, the same enqueue makes every image again (the worker recorded the folder)."""
     rows, out = _prompts(tmp_path, 4), tmp_path / "made-by-worker"
     assert producer("enqueue", rows, *FLAGS, "--output", out).exit_code == 0
-    _drain(env, tmp_path / "a.log")
+    drain(env, tmp_path / "a.log")
     assert_exactly_once(out, 4)
     shutil.rmtree(out)
     verify = _cli(env, "verify", out)
     assert verify.returncode != 0 and "producer enqueue makes it again" in verify.stderr
     again = producer("enqueue", rows, *FLAGS, "--output", out)
     assert again.exit_code == 0 and "4 new (4 done earlier but missing on disk)" in again.output, again.output
-    _drain(env, tmp_path / "b.log")
+    drain(env, tmp_path / "b.log")
     _assert_done_and_said(env, out, 4)
 
 
@@ -123,7 +115,7 @@ def test_verify_checks_one_output_of_a_queue_that_served_several(env, conn, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     assert producer("enqueue", _prompts(tmp_path, 2, "a"), *FLAGS, "--output", one).exit_code == 0
     assert producer("enqueue", _prompts(tmp_path, 3, "b"), *FLAGS, "--output", two).exit_code == 0
-    _drain(env, tmp_path / "w.log")
+    drain(env, tmp_path / "w.log")
     for out in (one, two):
         verify = _cli(env, "verify", out)
         assert verify.returncode == 0 and "clean" in verify.stdout, verify.stdout
@@ -142,7 +134,7 @@ def test_verify_lists_every_damage_of_an_item(env, conn, tmp_path):
     out = tmp_path / "out"
     rows = _prompts(tmp_path, 1)
     assert producer("enqueue", rows, *FLAGS, "--num-images", "2", "--output", out).exit_code == 0
-    _drain(env, tmp_path / "a.log")
+    drain(env, tmp_path / "a.log")
     first, second = images_under(out)
     first.write_bytes(first.read_bytes()[:100])  # cut
     meta = out / "metadata.jsonl"
@@ -154,7 +146,7 @@ def test_verify_lists_every_damage_of_an_item(env, conn, tmp_path):
         verify.stdout
     ), verify.stdout
     assert _cli(env, "verify", out, "--repair").returncode == 0
-    _drain(env, tmp_path / "b.log")
+    drain(env, tmp_path / "b.log")
     _assert_done_and_said(env, out, 2)
 
 
@@ -187,7 +179,7 @@ def _kill_round(env: dict[str, str], conn, tmp_path: Path, round_no: int) -> Non
         for proc in workers.values():
             kill(proc)
     _assert_not_done_said(env, out)
-    _drain(env, base / "drain.log")
+    drain(env, base / "drain.log")
     _assert_done_and_said(env, out, 10)
     assert conn.llen(intermediate_key("diffq")) == 0
     assert conn.zcard(get_queue("diffq", conn).started_job_registry.key) == 0
