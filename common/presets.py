@@ -33,7 +33,13 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "compile-unet": "torch.compile of the whole UNet as one graph (instead of compile-blocks/-resnets)",
     "compile-vae": "torch.compile of the VAE decoder (one graph; more warm-up)",
     "cudnn-benchmark": "let cuDNN time its convolution algorithms per shape (UNet and VAE convs; at warm-up)",
-    "fp8": "FP8 linears in the UNet (torchao; Hopper only, opt-in; a non-finite batch is redone in fp16)",
+    "fp8": "FP8 linears in the denoiser, static scales calibrated once (the same as --precision fp8)",
+}
+
+#: what the denoiser computes in (``--precision`` / ``DIFFQ_PRECISION``); worker/pipelines/fp8.py
+PRECISIONS: dict[str, str] = {
+    "fp16": "the weights' dtype (--dtype: fp16 on CUDA by default)",
+    "fp8": "wide linear layers in FP8 with static scales calibrated once per model (Ada/Hopper; else fp16)",
 }
 
 #: where a worker keeps the pipeline's weights (``--offload`` / ``DIFFQ_OFFLOAD``); worker/pipelines/offload.py

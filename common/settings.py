@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from common.errors import ConfigError
-from common.presets import DEFAULT_MODEL, OFFLOAD_MODES, speedup_names
+from common.presets import DEFAULT_MODEL, OFFLOAD_MODES, PRECISIONS, speedup_names
 
 #: environment variable for each setting
 ENV_NAMES: dict[str, str] = {
@@ -29,6 +29,7 @@ ENV_NAMES: dict[str, str] = {
     "device": "DIFFQ_DEVICE",
     "dtype": "DIFFQ_DTYPE",
     "speedups": "DIFFQ_SPEEDUPS",
+    "precision": "DIFFQ_PRECISION",
     "gpu_label": "DIFFQ_GPU",
     "gpu_lease": "DIFFQ_GPU_LEASE",
     "lease_scope": "DIFFQ_LEASE_SCOPE",
@@ -73,6 +74,8 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     speedups: str = "auto"
+    #: fp16 (the weights' dtype) or fp8 (worker/pipelines/fp8.py); common/presets.PRECISIONS
+    precision: str = "fp16"
     gpu_label: str = ""
     #: lease one GPU of these (``all`` or ``0,1,2,3``) in Redis instead of being pinned from outside
     gpu_lease: str = ""
@@ -178,6 +181,8 @@ class Settings:
         if self.gpu_memory < 0:
             raise ConfigError(f"--gpu-memory {self.gpu_memory}: use GiB above 0, or 0 for all that is free")
         speedup_names(self.speedups)  # a typo is one line at start-up, before a GPU is leased
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in REDIS_SCHEMES:
             raise ConfigError(

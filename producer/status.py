@@ -39,6 +39,7 @@ class RunningJob:
     images: int = 0
     images_done: int = 0
     loading: str | None = None  # "loading model 37%" while the worker loads the job's model
+    precision: str | None = None  # fp8 or fp16 (the worker's --precision) once it has denoised
 
     @property
     def fraction(self) -> float:
@@ -53,7 +54,8 @@ class RunningJob:
         if self.loading:
             return self.loading
         done = f"{self.images_done}/{self.images or '?'} img"
-        return done if self.step is None else f"step {self.step}/{self.steps}, {done}"
+        text = done if self.step is None else f"step {self.step}/{self.steps}, {done}"
+        return f"{text}, {self.precision}" if self.precision else text
 
 
 @dataclass
@@ -193,6 +195,7 @@ def _running(jid: str, job: Job | None) -> RunningJob:
         images=int(meta.get("images") or 0),
         images_done=int(meta.get("images_done") or 0),
         loading=meta.get("loading"),
+        precision=meta.get("precision"),
     )
 
 

@@ -1,6 +1,6 @@
 """Speed levers on the CPU with the tiny model: the compiled path (warm-up, no graph built after
 it across batch sizes and adapters, DoRA on compiled blocks), merged adapters against PEFT's
-unmerged forward, and FP8's start-up refusal and fp16 redo. Speed itself is measured on GPUs
+unmerged forward (FP8: tests/test_fp8.py). Speed itself is measured on GPUs
 (bench/, docs/benchmarks.md); nothing here asserts a time."""
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import worker_cmd
 
-from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS as CUDA_DEFAULT
 from worker.pipelines.backend import Batch
@@ -115,51 +113,6 @@ def test_merged_adapters_match_peft_unmerged_forward_and_switch_back_exactly(cac
         assert np.abs(theirs - image).max() <= 2.0
 
 
-def test_a_non_finite_fp8_batch_is_denoised_again_in_fp16(cache_dir):
-    """FP8 keeps the fp16 UNet beside the quantized one; latents that are not finite send the
-    batch through it, and the result counts the images redone."""
-    cache = PipelineCache(str(cache_dir), device="cpu")
-    loaded, _ = cache.get("tiny")
-    pipe = loaded.pipe
-    expected = run_batch(pipe, PARAMS, ["a red fox"] * 2, ["", ""], [7, 8])
-    assert expected.fp16_redo == 0
-
-    broken = copy.deepcopy(pipe.unet)  # stands in for an FP8 UNet that overflowed
-    calls = []
-
-    def overflow(sample, *args, **kwargs):
-        calls.append(1)
-        return (torch.full_like(sample, float("nan")),)
-
-    broken.forward = overflow
-    fp16, pipe.unet, pipe.diffq_fp16_unet = pipe.unet, broken, pipe.unet
-    try:
-        result = run_batch(pipe, PARAMS, ["a red fox"] * 2, ["", ""], [7, 8])
-    finally:
-        pipe.unet = fp16
-        del pipe.diffq_fp16_unet
-    assert calls  # the "FP8" UNet ran first
-    assert result.fp16_redo == 2
-    for got, want in zip(result.images, expected.images, strict=True):
-        assert np.array_equal(pixels(got), pixels(want))
-
-
-@pytest.mark.worker
-def test_fp8_is_refused_at_start_up_off_hopper_in_one_line(env):
-    with pytest.raises(ConfigError, match="needs an NVIDIA Hopper GPU"):
-        Speedups.parse("fp8", torch.device("cpu"))
-    run = subprocess.run(
-        worker_cmd("run", "--device", "cpu", "--speedups", "fp8", "--burst"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert run.returncode == 2, run.stderr
-    lines = [line for line in run.stderr.splitlines() if line.strip() and "INFO starting:" not in line]
-    assert len(lines) == 1 and "fp8 needs an NVIDIA Hopper GPU" in lines[0] and "Traceback" not in run.stderr
-
-
 def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
     assert Speedups.parse("auto", torch.device("cuda")).levers == frozenset(CUDA_DEFAULT)
     assert "compile-unet" in CUDA_DEFAULT and "fp8" not in CUDA_DEFAULT  # fp8 stays opt-in
@@ -177,68 +130,6 @@ def test_cudnn_benchmark_is_switched_on_by_its_lever_only(cache_dir, monkeypatch
     assert torch.backends.cudnn.benchmark is False
     apply(loaded.pipe, Speedups.parse("vae-fp16,cudnn-benchmark", torch.device("cpu")))
     assert torch.backends.cudnn.benchmark is True
-
-
-def test_an_fp8_quantization_that_fails_is_a_model_load_error_not_a_crash(cache_dir):
-    """torchao asserts on what it cannot quantize (per-row scales for fp16 weights, in 0.18); on a
-    worker that is a model-load error (breaker, job given back), not a traceback and a restart loop.
-    Here torchao is absent or refuses a CPU model; either way the error is one ModelLoadError."""
-    from common.errors import ModelLoadError
-    from worker.pipelines.speedups import apply
-
-    loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
-    with pytest.raises(ModelLoadError, match="--speedups fp8 could not quantize this UNet"):
-        apply(copy.copy(loaded.pipe), Speedups(frozenset({"fp8"})))
-
-
-def test_an_empty_negative_prompt_is_all_zero_rows_and_fp8_scales_have_a_floor_for_them(cache_dir, monkeypatch, caplog):
-    """Why every per-row FP8 batch came out NaN on an H100: SDXL encodes an empty negative prompt
-    as zeros, and a dynamic scale taken from a zero row is 0 (x / 0 = NaN). The real pipeline shows
-    the zeros; torchao (absent here, and GPU-only) is stood in for by a recorder of what the worker
-    asks of it: a floor under the activation amax, and no FP8 for the text-reading projections."""
-    import types
-
-    from diffusers import UNet2DConditionModel
-
-    from worker.pipelines import speedups
-    from worker.pipelines.models import SDXL_UNET
-
-    loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
-    _, negative, _, _ = loaded.pipe.encode_prompt(
-        prompt=["a red fox"], device=torch.device("cpu"), do_classifier_free_guidance=True, negative_prompt=None
-    )
-    assert negative.abs().amax(dim=-1).eq(0).all()  # every token row of the negative is zero
-
-    asked = {}
-
-    class Config:
-        def __init__(self, **kwargs):
-            asked.update(kwargs)
-
-    def quantize_(model, config, filter_fn):
-        asked["quantized"] = [name for name, module in model.named_modules() if filter_fn(module, name)]
-
-    fake = types.ModuleType("torchao.quantization")
-    fake.Float8DynamicActivationFloat8WeightConfig, fake.quantize_ = Config, quantize_
-    fake.PerRow, fake.PerTensor = type("PerRow", (), {}), type("PerTensor", (), {})
-    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
-    monkeypatch.setitem(sys.modules, "torchao.quantization", fake)
-    with torch.device("meta"):
-        unet = UNet2DConditionModel(**SDXL_UNET).to(torch.bfloat16)
-    speedups._quantize_fp8(types.SimpleNamespace(unet=unet))
-
-    assert asked["activation_value_lb"] > 0 and type(asked["granularity"]).__name__ == "PerRow"
-    quantized = asked["quantized"]
-    assert any(name.endswith("attn1.to_q") for name in quantized)
-    assert any(name.endswith("ff.net.2") for name in quantized)
-    assert not [name for name in quantized if name.endswith(("attn2.to_k", "attn2.to_v"))]
-    assert any(name.endswith("attn2.to_q") for name in quantized)  # reads the image, not the text
-
-    # an fp16 UNet gets per-tensor scales (torchao 0.18), measured slower: the worker says so
-    with caplog.at_level("WARNING", logger="diffq.worker"):
-        speedups._quantize_fp8(types.SimpleNamespace(unet=unet.to(torch.float16)))
-    assert type(asked["granularity"]).__name__ == "PerTensor"
-    assert "--dtype bfloat16" in caplog.text
 
 
 COMPILE_SCRIPT = """

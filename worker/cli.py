@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from common.errors import ConfigError, DiffqError
-from common.presets import CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, SPEEDUP_LEVERS
+from common.presets import CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, PRECISIONS, SPEEDUP_LEVERS
 from common.queues import PATIENCE_FOREVER, connect, get_queue
 from common.settings import Settings, redact
 
@@ -41,6 +41,12 @@ def run_options(func: Any) -> Any:
             "--speedups",
             help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)} "
             f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA, none on the CPU].",
+        ),
+        click.option(
+            "--precision",
+            type=click.Choice(list(PRECISIONS)),
+            help="fp16 (the weights' dtype) or fp8: the UNet's wide linears in FP8 with static scales calibrated once "
+            "per model and host (Ada/Hopper GPUs; elsewhere one line and fp16) [DIFFQ_PRECISION; fp16].",
         ),
         click.option(
             "--compile-cache",
@@ -96,6 +102,7 @@ def run(**opts: Any) -> None:
             dtype=opts["dtype"],
             cache_dir=opts["cache_dir"],
             speedups=opts["speedups"],
+            precision=opts["precision"],
             gpu_lease=opts["gpu_lease"],
             compile_cache=opts["compile_cache"],
             offload=opts["offload"],
@@ -233,6 +240,7 @@ def launch(gpus: str, **opts: Any) -> None:
             redis_url=opts["redis_url"],
             dtype=opts["dtype"],
             speedups=opts["speedups"],
+            precision=opts["precision"],
             compile_cache=opts["compile_cache"],
             offload=opts["offload"],
             gpu_memory=opts["gpu_memory"],
@@ -240,7 +248,17 @@ def launch(gpus: str, **opts: Any) -> None:
     except DiffqError as exc:
         _fail(exc)
     run_args: list[str] = []
-    names = ("queue", "redis_url", "dtype", "cache_dir", "speedups", "compile_cache", "offload", "gpu_memory")
+    names = (
+        "queue",
+        "redis_url",
+        "dtype",
+        "cache_dir",
+        "speedups",
+        "precision",
+        "compile_cache",
+        "offload",
+        "gpu_memory",
+    )
     for name in (*names, "preload", "max_jobs"):
         if opts[name] is not None:
             run_args += [f"--{name.replace('_', '-')}", str(opts[name])]

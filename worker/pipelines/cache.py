@@ -25,7 +25,7 @@ from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import adapter_weights, models
+from worker.pipelines import adapter_weights, fp8, models
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
@@ -92,6 +92,7 @@ class PipelineCache:
         speedups: str = "auto",
         max_models: int = 1,
         *,
+        precision: str = "fp16",
         compile_cache: str | None = None,
         offload: str = "none",
         gpu_memory: float = 0.0,
@@ -106,7 +107,7 @@ class PipelineCache:
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.speedups = Speedups.parse(speedups, self.device)
+        self.speedups = Speedups.parse(speedups, self.device, precision)
         self.max_models = max_models
         if offload == "sequential" and self.device.type != "cuda":
             raise ConfigError("--offload sequential streams weights to a GPU; this worker runs on the CPU")
@@ -127,6 +128,7 @@ class PipelineCache:
             "device": settings.device,
             "dtype": settings.dtype,
             "speedups": settings.speedups,
+            "precision": settings.precision,
             "compile_cache": settings.compile_cache_url(),
             "offload": settings.offload,
             "gpu_memory": settings.gpu_memory,
@@ -190,7 +192,13 @@ class PipelineCache:
                     ",".join(sorted(left_out)),
                 )
         elif speedups.levers & NOT_WITH_OFFLOAD:
-            apply_speedups(pipe, Speedups(speedups.levers & NOT_WITH_OFFLOAD), self._compiler(model, speedups))
+            apply_speedups(
+                pipe,
+                Speedups(speedups.levers & NOT_WITH_OFFLOAD),
+                self._compiler(model, speedups),
+                model=model,
+                fp8_scales=fp8.ScaleStore(Path(self.cache_dir)),
+            )
         seconds = time.perf_counter() - started
         self.loads += 1
         log.info("model %s ready in %.1fs (offload %s)", model, seconds, offload)
@@ -386,6 +394,7 @@ class PipelineCache:
             result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
         result.compiles = graphs_compiled() - before
         result.batch, result.offload = min(fitted, len(prompts)), loaded.offload
+        result.precision = precision_of(loaded.speedups, self.dtype)
         if self.budget is not None:
             result.peak_bytes = torch.cuda.max_memory_allocated(self.device)
         return result, fitted
@@ -431,6 +440,7 @@ class PipelineCache:
                 loaded.merged.restore()  # the new adapter wraps pristine weights
                 name = self._load_adapter(loaded, loaded.merged, adapter)
             loaded.merged.use(name, scale)
+            fp8.refresh(loaded.pipe)  # FP8 copies of the weights the adapter changed (none without fp8)
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
@@ -512,3 +522,10 @@ def load_failure(exc: BaseException) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
+
+
+def precision_of(speedups: Speedups, dtype: torch.dtype) -> str:
+    """The word a job's result and ``producer status`` show: fp8, or the weights' dtype."""
+    if "fp8" in speedups:
+        return "fp8"
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))

@@ -28,8 +28,6 @@ class BatchResult:
     encode_s: float
     denoise_s: float
     decode_s: float
-    #: images whose FP8 denoise was not finite and were denoised again in fp16
-    fp16_redo: int = 0
     #: graphs torch.compile built during this call (0 on a warm worker)
     compiles: int = 0
     #: the most images one pipeline call ran (what fitted in memory, or the chunk if smaller)
@@ -38,6 +36,8 @@ class BatchResult:
     offload: str = ""
     #: the most GPU memory the call's tensors took (0 on the CPU)
     peak_bytes: int = 0
+    #: what the denoiser computed in: "fp8" (static-scale FP8 linears) or the weights' dtype
+    precision: str = ""
 
 
 def _sync(device: torch.device) -> None:
@@ -72,7 +72,7 @@ def run_batch(
     _sync(device)
     encoded = time.perf_counter()
 
-    # 2. Denoise to latents, reporting each step; FP8 latents that are not finite: again in fp16
+    # 2. Denoise to latents, reporting each step
     def denoise() -> torch.Tensor:
         return pipe(
             prompt_embeds=embeds,
@@ -84,16 +84,6 @@ def run_batch(
         ).images
 
     latents = denoise()
-    redo = 0
-    fallback = getattr(pipe, "diffq_fp16_unet", None)
-    if fallback is not None and not torch.isfinite(latents).all():
-        log.warning("FP8 denoise of %d image(s) was not finite; denoising them again in fp16", len(seeds))
-        quantized, pipe.unet = pipe.unet, fallback
-        try:
-            latents = denoise()
-        finally:
-            pipe.unet = quantized
-        redo = len(seeds)
     _sync(device)
     denoised = time.perf_counter()
 
@@ -105,7 +95,6 @@ def run_batch(
         encode_s=encoded - started,
         denoise_s=denoised - encoded,
         decode_s=finished - denoised,
-        fp16_redo=redo,
     )
 
 
@@ -235,7 +224,6 @@ def run_split(
         total.encode_s += result.encode_s
         total.denoise_s += result.denoise_s
         total.decode_s += result.decode_s
-        total.fp16_redo += result.fp16_redo
     total.images = [images[i] for i in range(len(prompts))] if images else []
     return total, fitted
 

@@ -12,14 +12,12 @@ before the first job, and smaller batches (a tail chunk) are padded up to it
 pays for dynamic shapes (a second, symbolic trace of every graph). Kernels persist in the model
 cache (``TORCHINDUCTOR_CACHE_DIR``), so a worker restarted on the same host compiles from cache.
 
-``fp8`` (opt-in, Hopper only) quantizes the UNet's wide linear layers to FP8 with torchao and
-keeps the fp16 UNet beside it: a batch whose FP8 latents are not finite is denoised again in
-fp16, and the job's result says so.
+``fp8`` (``--precision fp8``; opt-in, Ada/Hopper GPUs) runs the denoiser's wide linear layers
+in FP8 with static scales calibrated once per model (:mod:`worker.pipelines.fp8`).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -28,22 +26,15 @@ from typing import Any
 
 import torch
 
-from common.errors import ConfigError, ModelLoadError
+from common.errors import ModelLoadError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
+from worker.pipelines import fp8
 
 log = logging.getLogger("diffq.worker")
 
 LEVERS = SPEEDUP_LEVERS
 COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets", "compile-unet", "compile-vae"})
-#: torchao's FP8 matmuls need Hopper (sm_90) or newer
-FP8_CAPABILITY = (9, 0)
-#: linear layers narrower than this stay fp16: quantizing activations costs more than FP8 saves
-FP8_MIN_FEATURES = 640
-#: the least activation amax a dynamic FP8 scale is taken from. Without it an all-zero row gets
-#: scale 0 and quantizes to 0/0 = NaN; SDXL encodes an empty negative prompt as all zeros
-#: (``force_zeros_for_empty_prompt``), so with per-row scales every CFG batch was NaN
-FP8_ACTIVATION_LB = 1e-12
 #: the denoising steps of a warm-up batch (enough for every graph the real steps use)
 WARM_UP_STEPS = 2
 
@@ -53,12 +44,16 @@ class Speedups:
     levers: frozenset[str]
 
     @classmethod
-    def parse(cls, text: str, device: torch.device) -> Speedups:
+    def parse(cls, text: str, device: torch.device, precision: str = "fp16") -> Speedups:
+        """The levers ``--speedups`` names (``auto``: the device's defaults), with ``fp8`` for
+        ``--precision fp8`` where this device has FP8 matmuls."""
         names = speedup_names(text)
         if names is None:
-            return cls(frozenset(CUDA_DEFAULT_SPEEDUPS if device.type == "cuda" else ()))
-        if "fp8" in names:
-            _check_fp8(device)
+            names = frozenset(CUDA_DEFAULT_SPEEDUPS if device.type == "cuda" else ())
+        if precision == "fp8":
+            names = names | {"fp8"}
+        if "fp8" in names and not fp8_supported(device):
+            names = names - {"fp8"}
         return cls(names)
 
     def __contains__(self, name: str) -> bool:
@@ -72,24 +67,35 @@ class Speedups:
         return ",".join(sorted(self.levers)) or "none"
 
 
-def _check_fp8(device: torch.device) -> None:
-    """Refuse ``fp8`` at start-up, in one line, anywhere torchao's FP8 matmuls cannot run."""
+def fp8_supported(device: torch.device) -> bool:
+    """Whether FP8 matmuls run here; where not, one line says so and the worker runs fp16. The
+    CPU has torch's reference FP8 kernels (correct, not fast: for tests)."""
+    if device.type == "cpu":
+        log.info("precision fp8 on the CPU: torch's reference FP8 kernels (correct, not faster)")
+        return True
     if device.type != "cuda":
-        raise ConfigError(f"--speedups fp8 needs an NVIDIA Hopper GPU (sm_90 or newer); this worker runs on {device}")
+        log.warning("precision fp8 needs an NVIDIA GPU of sm_89 (Ada) or newer; %s runs fp16", device)
+        return False
     capability = torch.cuda.get_device_capability(device)
-    if capability < FP8_CAPABILITY:
-        name = torch.cuda.get_device_name(device)
-        raise ConfigError(
-            f"--speedups fp8 needs an NVIDIA Hopper GPU (sm_90 or newer); this worker's {name} is "
-            f"sm_{capability[0]}{capability[1]}: drop fp8 from --speedups / DIFFQ_SPEEDUPS"
+    if capability < fp8.FP8_CAPABILITY:
+        log.warning(
+            "precision fp8 needs sm_89 (Ada) or sm_90 (Hopper) tensor cores; this %s is sm_%d%d, so this worker "
+            "runs fp16 (drop --precision fp8 / DIFFQ_PRECISION to silence this)",
+            torch.cuda.get_device_name(device),
+            *capability,
         )
-    try:
-        import torchao  # noqa: F401
-    except ImportError:
-        raise ConfigError("--speedups fp8 needs torchao: pip install torchao (or drop fp8)") from None
+        return False
+    return True
 
 
-def apply(pipe: Any, speedups: Speedups, compile_whole: Callable[[torch.nn.Module], None] | None = None) -> float:
+def apply(
+    pipe: Any,
+    speedups: Speedups,
+    compile_whole: Callable[[torch.nn.Module], None] | None = None,
+    *,
+    model: str = "",
+    fp8_scales: fp8.ScaleStore | None = None,
+) -> float:
     """Apply the levers to a freshly loaded pipeline; returns seconds spent (compile is lazy).
 
     ``compile_whole`` compiles one module as a single static graph (the UNet for
@@ -101,7 +107,7 @@ def apply(pipe: Any, speedups: Speedups, compile_whole: Callable[[torch.nn.Modul
     compile_whole = compile_whole or _compile_lazily
     unet = getattr(pipe, "unet", None)
     if unet is None:
-        return _apply_to_transformer(pipe, speedups)
+        return _apply_to_transformer(pipe, speedups, model=model, fp8_scales=fp8_scales)
     if "fuse-qkv" in speedups:
         unet.fuse_qkv_projections()
     if "channels-last" in speedups:
@@ -109,9 +115,13 @@ def apply(pipe: Any, speedups: Speedups, compile_whole: Callable[[torch.nn.Modul
         pipe.vae.to(memory_format=torch.channels_last)
     if "fp8" in speedups:
         try:
-            _quantize_fp8(pipe)
-        except Exception as exc:  # torchao asserts on what it does not support; a load error, not a crash
-            raise ModelLoadError(f"--speedups fp8 could not quantize this UNet: {type(exc).__name__}: {exc}") from exc
+            fp8.apply(pipe, model, fp8_scales, granularity=fp8.GRANULARITY)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # a model FP8 cannot take: the worker's problem, not the job's
+            raise ModelLoadError(
+                f"precision fp8 could not quantize {model or 'this model'}: {type(exc).__name__}: {exc}"
+            ) from exc
     if "compile-unet" in speedups:
         # one graph: also fuses what lies between the blocks (Transformer2DModel's GroupNorm and
         # permutes, the samplers, the skip concatenations); measured 240 against 254 ms a step
@@ -148,56 +158,25 @@ def _compile_lazily(module: torch.nn.Module) -> None:
     module.compile(fullgraph=True, dynamic=False)
 
 
-def _apply_to_transformer(pipe: Any, speedups: Speedups) -> float:
+def _apply_to_transformer(pipe: Any, speedups: Speedups, *, model: str, fp8_scales: fp8.ScaleStore | None) -> float:
     """``compile-blocks`` for a DiT: regional compile of the transformer's repeated blocks (FLUX:
     19 double-stream and 38 single-stream blocks, two graphs). Not ``fullgraph``: under an xDiT
     group the blocks' attention runs xDiT's all-to-all, where Dynamo breaks the graph; tracing is
     lazy, so it sees whichever attention the group installs after this."""
     started = time.perf_counter()
     transformer = getattr(pipe, "transformer", None)
-    used = {"vae-fp16", "compile-blocks"} if transformer is not None else {"vae-fp16"}
+    used = {"vae-fp16", "compile-blocks", "fp8"} if transformer is not None else {"vae-fp16"}
     if speedups.levers - used:
         log.info(
             "speedups: %s apply to SDXL's UNet; this pipeline runs without them",
             ",".join(sorted(speedups.levers - used)),
         )
+    if transformer is not None and "fp8" in speedups:
+        fp8.apply(pipe, model, fp8_scales, granularity=fp8.GRANULARITY)
     if transformer is not None and "compile-blocks" in speedups:
         transformer.compile_repeated_blocks(fullgraph=False)
         log.info("speedups: compile-blocks (the transformer's repeated blocks)")
     return time.perf_counter() - started
-
-
-def fp8_linear(module: torch.nn.Module, name: str) -> bool:
-    """Which UNet linears FP8 takes: wide ones (narrow ones lose more to quantizing the
-    activation than FP8 saves), except cross-attention's key and value projections. Those read
-    the text embeddings: 77 tokens per image, a GEMM too short to gain, and for an empty
-    negative prompt a block of zeros."""
-    if not isinstance(module, torch.nn.Linear):
-        return False
-    if name.endswith(("attn2.to_k", "attn2.to_v")):
-        return False
-    return min(module.in_features, module.out_features) >= FP8_MIN_FEATURES
-
-
-def _quantize_fp8(pipe: Any) -> None:
-    """FP8 weights and dynamic FP8 activations for the UNet's wide linears; the fp16 UNet stays
-    as ``pipe.diffq_fp16_unet`` for batches FP8 cannot finish (see :func:`run_batch`).
-
-    Scales are per row for a bf16 UNet; torchao 0.18 takes per-row scales from bf16 weights
-    only (an assertion), so an fp16 UNet gets one scale per tensor."""
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
-
-    pipe.diffq_fp16_unet = copy.deepcopy(pipe.unet)
-    granularity = PerRow() if pipe.unet.dtype == torch.bfloat16 else PerTensor()
-    config = Float8DynamicActivationFloat8WeightConfig(granularity=granularity, activation_value_lb=FP8_ACTIVATION_LB)
-    quantize_(pipe.unet, config, filter_fn=fp8_linear)
-    log.info("fp8: UNet linears of %d+ features quantized (%s scales)", FP8_MIN_FEATURES, type(granularity).__name__)
-    if isinstance(granularity, PerTensor):
-        log.warning(
-            "fp8 on a %s UNet takes one scale per tensor, measured 2.9 %% slower than no fp8 on an H100; "
-            "per-row scales need --dtype bfloat16 (docs/benchmarks.md)",
-            str(pipe.unet.dtype).removeprefix("torch."),
-        )
 
 
 def graphs_compiled() -> int:

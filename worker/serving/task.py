@@ -160,6 +160,8 @@ def perform(ctx: JobContext, spec: dict[str, Any]) -> dict[str, Any]:
         )
         # 4. Generate
         batch = _generate(run)
+        if batch.precision:  # status shows it beside the job's progress
+            run.progress.update(precision=batch.precision)
     # 5. and 6. on the writer thread while the next job denoises, where the worker has one
     tail = partial(_tail, run, batch)
     if plan.todo and ctx.hand_off is not None and job is not None:
@@ -207,7 +209,7 @@ def _tail(run: Run, batch: BatchResult) -> dict[str, Any]:
         "compiles": batch.compiles,  # graphs torch.compile built in this job (0 once warm)
         **({"batch": batch.batch, "offload": batch.offload} if batch.batch else {}),  # GPU batch, weights' place
         **({"gpu_peak_gib": round(batch.peak_bytes / 2**30, 2)} if batch.peak_bytes else {}),
-        **({"fp16_redo": batch.fp16_redo} if batch.fp16_redo else {}),  # FP8 was not finite for these
+        **({"precision": batch.precision} if batch.precision else {}),  # fp8, fp16, bf16 or fp32
     }
 
 

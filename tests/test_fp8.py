@@ -1,0 +1,184 @@
+"""``--precision fp8``: static-scale FP8 linears, calibrated once per model and host, following
+merged adapters, reported by the job and by status; off FP8 hardware, one line and fp16.
+
+Runs the real code on the CPU (torch's reference FP8 kernels) with the tiny model, whose layers
+are 32-512 wide: ``DIFFQ_FP8_MIN_FEATURES`` / ``DIFFQ_FP8_MIN_ROWS`` let its linears qualify.
+Speed is measured on an H100 (docs/benchmarks.md); nothing here asserts a time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_FLAGS, producer, run_worker, write_csv
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from common.jobspec import GenParams
+from common.queues import get_queue
+from producer.status import _running
+from worker.pipelines import fp8
+from worker.pipelines.backend import Batch
+from worker.pipelines.cache import PipelineCache
+from worker.pipelines.speedups import Speedups
+
+PARAMS = GenParams(model="tiny", width=64, height=64, steps=4, guidance=5.0)
+SMALL = {"DIFFQ_FP8_MIN_FEATURES": "32", "DIFFQ_FP8_MIN_ROWS": "64"}
+
+
+@pytest.fixture
+def small_layers(monkeypatch):
+    for name, value in SMALL.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="module")
+def fp8_cache(tmp_path_factory, cache_dir) -> Path:
+    """A cache folder of this module's own (the tiny model copied in): its scale file starts
+    empty, and the tests after the first find it calibrated."""
+    folder = tmp_path_factory.mktemp("fp8cache")
+    shutil.copytree(cache_dir, folder, dirs_exist_ok=True)
+    return folder
+
+
+def images(cache: PipelineCache, adapter: str | None = None) -> list[np.ndarray]:
+    loaded, _ = cache.get("tiny")
+    cache.use_adapter(loaded, adapter, 1.0)
+    prompts = ["a red fox in the snow", "a lighthouse at night"]
+    batch = Batch(params=PARAMS, prompts=prompts, negatives=["", ""], seeds=[7, 8], max_batch=4)
+    result, _ = cache.generate(loaded, batch)
+    return [np.asarray(image, dtype=np.float32) for image in result.images]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a - b) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+def test_a_static_fp8_linear_computes_what_the_linear_did_within_fp8_error(granularity):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48).requires_grad_(False)
+    x = torch.randn(2, 10, 64)
+    want = linear(x)
+    layer = fp8.StaticFP8Linear.replacing(linear, input_amax=float(x.abs().amax()), granularity=granularity)
+    got = layer(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    error = float((got - want).norm() / want.norm())
+    assert 0 < error < 0.08, error  # e4m3 has 3 mantissa bits: a few percent, never exact
+    assert layer.weight is linear.weight  # adapters merge into the weight it keeps
+
+    # a weight changed in place (an adapter merged) is what the layer computes with once requantized
+    with torch.no_grad():
+        linear.weight.mul_(2.0)
+    stale = layer(x)
+    layer.quantize_weight()
+    fresh = layer(x)
+    want = torch.nn.functional.linear(x, linear.weight, linear.bias)
+    assert float((fresh - want).norm() / want.norm()) < 0.08
+    assert float((stale - want).norm() / want.norm()) > 0.3
+
+
+def test_zero_activations_give_zeros_not_nan():
+    """SDXL encodes an empty negative prompt as zeros: an amax of 0 must not become a scale of 0."""
+    layer = fp8.StaticFP8Linear.replacing(torch.nn.Linear(64, 32, bias=False), input_amax=0.0)
+    out = layer(torch.zeros(4, 64))
+    assert torch.isfinite(out).all() and out.abs().max() == 0
+
+
+def test_fp8_images_stay_close_to_the_fp32_ones_and_leave_the_short_and_text_layers_alone(
+    small_layers, fp8_cache, caplog
+):
+    plain = images(PipelineCache(str(fp8_cache), device="cpu"))
+    with caplog.at_level("INFO", logger="diffq.worker"):
+        cache = PipelineCache(str(fp8_cache), device="cpu", precision="fp8")
+        quantized = images(cache)
+    assert "fp8: calibrating tiny" in caplog.text
+    pipe = cache.get("tiny")[0].pipe
+    names = {name for name, module in pipe.unet.named_modules() if isinstance(module, fp8.StaticFP8Linear)}
+    assert any(name.endswith("attn1.to_q") for name in names)
+    assert any(name.endswith("ff.net.2") for name in names)
+    assert not [name for name in names if name.endswith(("attn2.to_k", "attn2.to_v"))]  # read the text
+    assert not [name for name in names if "time_emb" in name]  # one row per image: calibration saw it short
+    for a, b in zip(plain, quantized, strict=True):
+        assert not np.array_equal(a, b)  # FP8 did run
+        assert psnr(a, b) > 25, psnr(a, b)
+    scales = json.loads((fp8_cache / fp8.SCALES_FILE).read_text())
+    assert [entry["model"] for entry in scales.values()] == ["tiny"]
+
+
+def test_a_second_worker_loads_the_hosts_scales_instead_of_calibrating(small_layers, fp8_cache, caplog, monkeypatch):
+    images(PipelineCache(str(fp8_cache), device="cpu", precision="fp8"))  # calibrated here if not before
+    calibrations = []
+    monkeypatch.setattr(fp8, "calibrate", lambda *args: calibrations.append(args) or {})
+    with caplog.at_level("INFO", logger="diffq.worker"):
+        images(PipelineCache(str(fp8_cache), device="cpu", precision="fp8"))
+    assert calibrations == [] and "static per-tensor scales (loaded)" in caplog.text
+
+
+def test_an_unreadable_scale_file_is_calibrated_again_with_one_warning(small_layers, tmp_path, cache_dir, caplog):
+    shutil.copytree(cache_dir, tmp_path, dirs_exist_ok=True)
+    (tmp_path / fp8.SCALES_FILE).write_text('{"half a fi')
+    with caplog.at_level("INFO", logger="diffq.worker"):
+        images(PipelineCache(str(tmp_path), device="cpu", precision="fp8"))
+    assert "unreadable" in caplog.text and "calibrating tiny" in caplog.text
+    assert json.loads((tmp_path / fp8.SCALES_FILE).read_text())  # whole again
+
+
+def test_an_adapter_merged_into_an_fp8_worker_is_what_its_fp8_layers_compute(small_layers, fp8_cache):
+    """Adapters merge into the fp16 weights; the FP8 copies follow, so a DoRA job under fp8 is
+    the DoRA image (near the unquantized one), not the base model's."""
+    base = PipelineCache(str(fp8_cache), device="cpu")
+    want = images(base, "tiny-dora")
+    cache = PipelineCache(str(fp8_cache), device="cpu", precision="fp8")
+    without = images(cache)
+    with_adapter = images(cache, "tiny-dora")
+    back = images(cache)
+    for w, got, no in zip(want, with_adapter, without, strict=True):
+        assert psnr(w, got) > psnr(w, no) + 3  # the adapter's image, not the base one
+        assert psnr(w, got) > 25
+    for a, b in zip(back, without, strict=True):
+        assert np.array_equal(a, b)  # the adapter taken out: the base FP8 weights again, exactly
+
+
+def test_a_gpu_without_fp8_gets_one_line_and_fp16(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with caplog.at_level("WARNING", logger="diffq.worker"):
+        speedups = Speedups.parse("auto", torch.device("cuda"), "fp8")
+    assert "fp8" not in speedups
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "A100" in lines[0] and "sm_80" in lines[0] and "runs fp16" in lines[0]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert "fp8" in Speedups.parse("auto", torch.device("cuda"), "fp8")
+
+
+def test_an_unknown_precision_is_one_line_naming_the_flag(monkeypatch):
+    from common.errors import ConfigError
+    from common.settings import Settings
+
+    monkeypatch.setenv("DIFFQ_PRECISION", "fp4")
+    with pytest.raises(ConfigError, match=r"--precision 'fp4': use one of fp16, fp8"):
+        Settings.load()
+
+
+@pytest.mark.worker
+def test_a_worker_run_with_precision_fp8_says_so_in_each_job_result(env, tmp_path, conn, fp8_cache):
+    env = {**env, **SMALL, "DIFFQ_CACHE": str(fp8_cache)}
+    prompts = write_csv(tmp_path / "p.csv", "prompt\na red fox\na blue bird\n")
+    out = tmp_path / "out"
+    assert producer("enqueue", prompts, "--output", out, *TINY_FLAGS, "--chunk-size", "1").exit_code == 0
+    run = run_worker(env, "--precision", "fp8")
+    assert run.returncode == 0, run.stderr
+    assert "FP8 with static per-tensor scales" in run.stderr
+    queue = get_queue("diffq", conn)
+    jobs = Job.fetch_many(queue.finished_job_registry.get_job_ids(), connection=conn, serializer=JSONSerializer)
+    results = [job.return_value() for job in jobs]
+    assert len(results) == 2 and {r["precision"] for r in results} == {"fp8"}
+    assert {job.meta.get("precision") for job in jobs} == {"fp8"}  # what status shows beside a running job
+    assert _running(jobs[0].id, jobs[0]).text().endswith(", fp8")
+    assert len(list(out.rglob("*.png"))) == 2

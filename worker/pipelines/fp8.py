@@ -1,0 +1,317 @@
+"""FP8 matmuls with static scales for a denoiser's wide linear layers (``--precision fp8``).
+
+Why static: an FP8 GEMM needs its input in FP8, and a *dynamic* scale (torchao's default: an
+amax over every activation on every call) is a reduction and a cast over the whole activation,
+both memory-bound; on an H100 it ate most of what the FP8 GEMMs saved (+3.5 % a job,
+docs/benchmarks.md). A static scale is one number per layer, measured once by running the fp16
+model over a few prompts across the denoising schedule (:func:`calibrate`), so quantizing an
+activation is a multiply, a clamp and a cast that the compiler fuses into the op before it.
+MLPerf's SDXL submissions quantize the UNet the same way (per-tensor scales calibrated once).
+
+Which layers: linears whose GEMM is wide (both dimensions at least :data:`MIN_FEATURES`) and
+long (calibration saw at least :data:`MIN_ROWS` rows per call): SDXL's attention projections,
+feed-forward and ``proj_in``/``proj_out``. Not the time embeddings (one row per image) nor
+cross-attention's key and value (77 text tokens per image, and all zeros for an empty
+negative prompt); those stay in the model's dtype.
+
+Adapters: each :class:`StaticFP8Linear` keeps its fp16 ``weight``; adapters merge into that
+(worker/pipelines/adapters.py) and :func:`refresh` quantizes the changed weights again (a
+cast and one amax per layer, milliseconds), so an adapter switches as fast as without FP8. The
+activation scales stay the base model's (a merged adapter moves activations little; what
+overshoots saturates at ±448 instead of overflowing).
+
+Scales are kept in ``<cache_dir>/fp8-scales.json`` by model, dtype and the structure levers,
+beside the memory profiles, so a host calibrates once per model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("diffq.worker")
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
+#: FP8 GEMMs on NVIDIA GPUs need Ada (sm_89) or Hopper (sm_90) tensor cores
+FP8_CAPABILITY = (8, 9)
+#: a linear narrower than this stays in the model's dtype: its GEMM is too small to gain
+#: (``DIFFQ_FP8_MIN_FEATURES`` lowers it for small models: the tests' tiny one is 64 wide)
+MIN_FEATURES = 640
+#: nor one that calibration saw called with fewer rows (time embeddings: one row per image;
+#: ``DIFFQ_FP8_MIN_ROWS``)
+MIN_ROWS = 1024
+#: a scale is never taken from less than this amax (an all-zero calibration input)
+MIN_AMAX = 1e-4
+#: calibration: prompts, a batch of them at a time, and steps spread over the whole schedule
+CALIBRATION_PROMPTS = (
+    "a photograph of an astronaut riding a horse on the moon",
+    "a watercolor painting of a lighthouse in a storm",
+    "close-up portrait of an old fisherman, dramatic light",
+    "a bowl of ramen on a wooden table, top view",
+    "a futuristic city at night, neon signs, rain",
+    "a red fox in a snowy forest",
+    "an isometric pixel-art castle",
+    "a macro photo of a dew drop on a leaf",
+    "a cozy library with tall shelves and a fireplace",
+    "a sports car drifting on a mountain road",
+    "an oil painting of sunflowers in a vase",
+    "a minimalist logo of a mountain and the sun",
+    "a crowded market street in Marrakesh",
+    "a golden retriever puppy playing in the grass",
+    "a cross-section diagram of a volcano",
+    "a medieval knight in ornate armor, studio lighting",
+)
+CALIBRATION_BATCH = 8
+#: "tensor" (one weight scale per layer) or "row" (one per output feature, bf16 out of the GEMM);
+#: per-tensor measured faster on an H100 (docs/benchmarks.md)
+GRANULARITY = "tensor"
+CALIBRATION_STEPS = 10
+SCALES_FILE = "fp8-scales.json"
+#: bump when what a stored scale means changes (a file of another version is calibrated again)
+SCALES_VERSION = 1
+
+
+class StaticFP8Linear(torch.nn.Linear):
+    """A linear layer computing in FP8: the input scaled by a calibrated constant and cast, the
+    weight cast once (per tensor, or per output row), one ``torch._scaled_mm``.
+
+    The layer keeps its original ``weight`` and ``bias`` (adapters merge into the weight);
+    ``weight_fp8`` and ``weight_scale`` are buffers updated in place by :meth:`quantize_weight`,
+    so a compiled graph, which reads them as inputs, computes with the new values."""
+
+    granularity: str
+
+    @classmethod
+    def replacing(cls, linear: torch.nn.Linear, input_amax: float, granularity: str = "tensor") -> StaticFP8Linear:
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight, layer.bias = linear.weight, linear.bias
+        layer.granularity = granularity
+        device = linear.weight.device
+        scale = max(float(input_amax), MIN_AMAX) / E4M3_MAX
+        layer.register_buffer("input_scale", torch.tensor(scale, dtype=torch.float32, device=device))
+        layer.register_buffer("input_inv_scale", torch.tensor(1.0 / scale, dtype=torch.float32, device=device))
+        rows = linear.out_features if granularity == "row" else 1
+        layer.register_buffer("weight_fp8", torch.empty_like(linear.weight, dtype=E4M3))
+        layer.register_buffer("weight_scale", torch.empty((1, rows), dtype=torch.float32, device=device))
+        layer.quantize_weight()
+        return layer
+
+    @torch.no_grad()
+    def quantize_weight(self) -> None:
+        weight = self.weight.float()
+        if self.granularity == "row":
+            amax = weight.abs().amax(dim=1).clamp(min=MIN_AMAX)
+        else:
+            amax = weight.abs().amax().clamp(min=MIN_AMAX).reshape(1)
+        scale = amax / E4M3_MAX
+        self.weight_fp8.copy_((weight / scale.reshape(-1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
+        self.weight_scale.copy_(scale.reshape(1, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        quantized = (rows * self.input_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        if self.granularity == "row":
+            # row-wise scaling wants one scale per row of each operand, and bf16 out
+            out = torch._scaled_mm(
+                quantized,
+                self.weight_fp8.t(),
+                scale_a=self.input_scale.expand(rows.shape[0], 1).contiguous(),
+                scale_b=self.weight_scale,
+                out_dtype=torch.bfloat16,
+            )
+            if self.bias is not None:
+                out = out + self.bias
+            out = out.to(x.dtype)
+        else:
+            out = torch._scaled_mm(
+                quantized,
+                self.weight_fp8.t(),
+                scale_a=self.input_scale,
+                scale_b=self.weight_scale.reshape(()),
+                bias=self.bias,
+                out_dtype=x.dtype,
+            )
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, fp8 {self.granularity}, input_scale={float(self.input_scale):.3g}"
+
+
+def denoiser(pipe: Any) -> torch.nn.Module:
+    """The model FP8 applies to: SDXL's UNet, or a DiT's transformer (FLUX)."""
+    module = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"{type(pipe).__name__} has neither a UNet nor a transformer to quantize")
+    return module
+
+
+def candidate(name: str, module: torch.nn.Module) -> bool:
+    """A linear worth calibrating: wide enough, shaped for FP8 tensor cores (multiples of 16),
+    and not cross-attention's key or value (they read the 77 text tokens)."""
+    if type(module) is not torch.nn.Linear:
+        return False
+    if name.endswith(("attn2.to_k", "attn2.to_v")):
+        return False
+    dims = (module.in_features, module.out_features)
+    return min(dims) >= _limit("DIFFQ_FP8_MIN_FEATURES", MIN_FEATURES) and all(d % 16 == 0 for d in dims)
+
+
+def _limit(env: str, default: int) -> int:
+    return int(os.environ.get(env) or default)
+
+
+@torch.no_grad()
+def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
+    """Each candidate linear's largest input magnitude over :data:`CALIBRATION_PROMPTS`, denoised
+    in the model's dtype for :data:`CALIBRATION_STEPS` steps (so every part of the schedule is
+    seen) at ``width`` x ``height`` with CFG 5. Layers that were called with fewer than
+    :data:`MIN_ROWS` rows are left out."""
+    model = denoiser(pipe)
+    amax: dict[str, float] = {}
+    rows: dict[str, int] = {}
+    handles = []
+
+    def recorder(name: str) -> Any:
+        def hook(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            x = args[0]
+            rows[name] = min(rows.get(name, 1 << 62), x.numel() // x.shape[-1])
+            amax[name] = max(amax.get(name, 0.0), float(x.detach().abs().amax()))
+
+        return hook
+
+    for name, module in model.named_modules():
+        if candidate(name, module):
+            handles.append(module.register_forward_pre_hook(recorder(name)))
+    try:
+        prompts = list(CALIBRATION_PROMPTS)
+        for start in range(0, len(prompts), CALIBRATION_BATCH):
+            batch = prompts[start : start + CALIBRATION_BATCH]
+            pipe(
+                prompt=batch,
+                width=width,
+                height=height,
+                num_inference_steps=CALIBRATION_STEPS,
+                guidance_scale=5.0,
+                generator=[torch.Generator("cpu").manual_seed(i) for i in range(start, start + len(batch))],
+                output_type="latent",
+            )
+    finally:
+        for handle in handles:
+            handle.remove()
+    least = _limit("DIFFQ_FP8_MIN_ROWS", MIN_ROWS)
+    return {name: value for name, value in amax.items() if rows[name] >= least}
+
+
+def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor") -> int:
+    """Replace each calibrated linear by a :class:`StaticFP8Linear`; returns how many."""
+    model = denoiser(pipe)
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if name not in scales or not candidate(name, module):
+            continue
+        parent_name, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attribute, StaticFP8Linear.replacing(module, scales[name], granularity))
+        replaced += 1
+    return replaced
+
+
+def layers(pipe: Any) -> Iterator[StaticFP8Linear]:
+    module = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    if isinstance(module, torch.nn.Module):
+        yield from (m for m in module.modules() if isinstance(m, StaticFP8Linear))
+
+
+def refresh(pipe: Any) -> int:
+    """Quantize every FP8 weight again from its fp16 weight (after an adapter was merged or
+    taken out); returns how many. All of them: PEFT merges through ``weight.data``, which no
+    version counter sees, and the whole pass is a few passes over the linears' weights."""
+    count = 0
+    for layer in layers(pipe):
+        layer.quantize_weight()
+        count += 1
+    return count
+
+
+def scales_key(model: str, dtype: torch.dtype, structure: str, width: int, height: int) -> str:
+    """What a stored calibration depends on: the model, the dtype it ran in, the layers' names
+    (``fuse-qkv`` renames them) and the size it was calibrated at."""
+    text = json.dumps([SCALES_VERSION, model, str(dtype), structure, width, height])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def structure(pipe: Any) -> str:
+    names = "\n".join(n for n, m in denoiser(pipe).named_modules() if isinstance(m, torch.nn.Linear))
+    return hashlib.sha256(names.encode()).hexdigest()[:16]
+
+
+class ScaleStore:
+    """Calibrated scales by :func:`scales_key`, in one JSON file the host's workers share
+    (written whole: a temporary file renamed over it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / SCALES_FILE
+
+    def get(self, key: str) -> dict[str, float] | None:
+        try:
+            entry = json.loads(self.path.read_text()).get(key)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("fp8: scales %s unreadable (%s); calibrating again", self.path, exc)
+            return None
+        return {str(k): float(v) for k, v in entry["scales"].items()} if entry else None
+
+    def put(self, key: str, model: str, scales: dict[str, float]) -> None:
+        try:
+            data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (OSError, ValueError):
+            data = {}
+        data[key] = {"model": model, "at": time.time(), "scales": scales}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=".fp8-scales.")
+            with os.fdopen(fd, "w") as out:
+                json.dump(data, out, indent=1, sort_keys=True)
+            os.replace(temp, self.path)
+        except OSError as exc:  # the worker runs; only the next one calibrates again
+            log.warning("fp8: scales not saved to %s: %s", self.path, exc)
+
+
+def apply(pipe: Any, model: str, store: ScaleStore | None, granularity: str = "tensor") -> float:
+    """Calibrate (or load the host's calibration) and quantize; returns the seconds spent."""
+    started = time.perf_counter()
+    width = height = int(getattr(pipe, "default_sample_size", 128) * getattr(pipe, "vae_scale_factor", 8))
+    dtype = denoiser(pipe).dtype
+    key = scales_key(model, dtype, structure(pipe), width, height)
+    scales = store.get(key) if store is not None else None
+    source = "loaded"
+    if scales is None:
+        log.info(
+            "fp8: calibrating %s (%d prompts, %d steps, %dx%d)",
+            model,
+            len(CALIBRATION_PROMPTS),
+            CALIBRATION_STEPS,
+            width,
+            height,
+        )
+        scales = calibrate(pipe, width, height)
+        source = f"calibrated in {time.perf_counter() - started:.1f}s"
+        if store is not None:
+            store.put(key, model, scales)
+    count = quantize(pipe, scales, granularity)
+    log.info("fp8: %d linear layer(s) in FP8 with static per-%s scales (%s)", count, granularity, source)
+    return time.perf_counter() - started
