@@ -159,6 +159,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
                 args.model,
                 "--speedups",
                 args.speedups,
+                "--precision",
+                args.precision,
             ],
             env=env,
             cwd=ROOT,
@@ -194,6 +196,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "gpus": gpus,
         "chunk": args.chunk,
         "speedups": args.speedups,
+        "precision": sorted({j.return_value().get("precision", "?") for j in jobs}),
         "dtype": os.environ.get("DIFFQ_DTYPE", "auto"),
         "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
         "model": args.model,
@@ -205,7 +208,6 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "compiles_after_first_job": sum(j.return_value().get("compiles", 0) for j in ordered[1:]),
         "steady_after_last_compile_img_per_s": after_last_compile(ordered),
         "queue_overhead_frac": queue_overhead(ordered),
-        "fp16_redo_images": sum(j.return_value().get("fp16_redo", 0) for j in jobs),
         "exit_code": proc.returncode,
         "jobs": len(jobs),
         "images": images,
@@ -251,6 +253,7 @@ def main() -> None:
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--size", type=int, default=1024, help="width and height (64 for a CPU smoke run of tiny)")
     ap.add_argument("--speedups", default="auto")
+    ap.add_argument("--precision", default="fp16", help="the worker's --precision (fp16 or fp8)")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument(
         "--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter"

@@ -1,0 +1,41 @@
+#!/bin/bash
+# The FP8 issue's measurements on one GPU (source bench/device_setup.sh first; carry .whl and
+# .redis). JSON lines to $OUT/fp8.jsonl, logs under $OUT. Phases, in the order given:
+#   queue:fp16 queue:fp8   the worker's defaults through the queue, --precision fp16 / fp8
+#                          (sdxl-random 1024², 30 steps, CFG 5, chunk 8; IMAGES_FP16 / IMAGES_FP8)
+#   quality                the fp8 run's PNGs against the fp16 run's (same names: PSNR, SSIM)
+#   error                  the UNet's FP8 output error at each of 30 steps (bench/fp8_unet.py)
+#   time                   one compiled UNet call: fp16, FP8 per-tensor, FP8 per-row (batch 8)
+#   adapters:fp8           none, LoRA, DoRA in turn under fp8 (first job of a new adapter)
+#   bash bench/fp8_device.sh queue:fp16 queue:fp8 quality error
+set -u
+OUT=${OUT:-/tmp/out}
+R=$OUT/fp8.jsonl
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a $OUT/gpu.txt
+for phase in "$@"; do
+  echo "== $phase $(date +%T) (${SECONDS}s)" | tee -a $OUT/phases.txt
+  case $phase in
+    queue:*)
+      p=${phase#queue:}
+      n=$([ $p = fp8 ] && echo ${IMAGES_FP8:-96} || echo ${IMAGES_FP16:-64})
+      timeout ${QUEUE_S:-280} python3 bench/e2e_queue.py --out $R --tag $p --precision $p --images-per-gpu $n \
+        --timeout $(( ${QUEUE_S:-280} - 10 )) > $OUT/queue-$p.log 2>&1
+      tail -c 1500 $OUT/queue-$p.log ;;
+    quality)
+      python3 bench/quality.py /tmp/diffq-bench/bench1fp16 /tmp/diffq-bench/bench1fp8 --tag sdxl-fp8-vs-fp16 --out $R \
+        2>&1 | tee $OUT/quality.log ;;
+    error)
+      timeout ${ERROR_S:-150} python3 bench/fp8_unet.py --out $R --error-prompts 4 2>&1 | grep -v Warning | tee $OUT/error.log ;;
+    time)
+      timeout ${TIME_S:-300} python3 bench/fp8_unet.py --out $R --time ${VARIANTS:-fp16,tensor,row} --batch 8 2>&1 \
+        | grep -v Warning | tee $OUT/time.log ;;
+    adapters:*)
+      p=${phase#adapters:}
+      (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1)
+      timeout ${QUEUE_S:-280} python3 bench/e2e_queue.py --out $R --tag adapters-$p --precision $p --images-per-gpu 72 \
+        --timeout $(( ${QUEUE_S:-280} - 10 )) --adapters none,/tmp/adapters/lora,/tmp/adapters/dora \
+        > $OUT/adapters-$p.log 2>&1 ;;
+  esac
+done
+cp ~/.cache/diffq/fp8-scales.json $OUT/ 2>/dev/null
+echo "== done ${SECONDS}s" | tee -a $OUT/phases.txt

@@ -1,0 +1,178 @@
+"""FP8 against fp16 inside the denoiser: the output's relative error at every step of one
+denoise (the fp8 model run on the fp16 trajectory's own inputs, so errors do not compound),
+and one compiled call's time per scale granularity (per-tensor, per-row) at a batch size.
+
+    python bench/fp8_unet.py --out r.jsonl --error-prompts 4            # per-step error
+    python bench/fp8_unet.py --out r.jsonl --time fp16,tensor,row --batch 8   # compiled call times
+
+Scales come from the worker's store (``DIFFQ_CACHE``), as a worker would find them after a run
+with ``--precision fp8``, or are calibrated here the worker's way (worker/pipelines/fp8.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from common.settings import Settings
+from worker.pipelines import fp8, models
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load(model: str, dtype: torch.dtype) -> Any:
+    device = torch.device("cuda")
+    pipe = models.flux_random(device, dtype) if model == "flux-random" else models.sdxl_random(device, dtype)
+    pipe.set_progress_bar_config(disable=True)
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            component.requires_grad_(False)
+    return pipe
+
+
+def scales_for(pipe: Any, model: str) -> tuple[dict[str, float], str]:
+    store = fp8.ScaleStore(Path(Settings.load().cache_dir))
+    size = int(pipe.default_sample_size * pipe.vae_scale_factor)
+    key = fp8.scales_key(model, fp8.denoiser(pipe).dtype, fp8.structure(pipe), size, size)
+    scales = store.get(key)
+    if scales is not None:
+        return scales, "loaded"
+    started = time.perf_counter()
+    scales = fp8.calibrate(pipe, size, size)
+    store.put(key, model, scales)
+    return scales, f"calibrated in {time.perf_counter() - started:.1f}s"
+
+
+def quantized_copy(pipe: Any, scales: dict[str, float], granularity: str) -> torch.nn.Module:
+    name = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
+    copied = SimpleNamespace(**{name: copy.deepcopy(getattr(pipe, name))})
+    count = fp8.quantize(copied, scales, granularity)
+    print(f"{granularity}: {count} linears in FP8", flush=True)
+    return getattr(copied, name)
+
+
+@torch.no_grad()
+def step_errors(pipe: Any, quantized: torch.nn.Module, prompts: int, steps: int) -> list[float]:
+    """Relative L2 error of the fp8 model's output against fp16's, per step, on fp16's inputs."""
+    name = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
+    model = getattr(pipe, name)
+    original = model.forward
+    errors: list[list[float]] = []
+
+    def both(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        ours = quantized(*args, **kwargs)
+        want = (out[0] if isinstance(out, tuple) else out.sample).float()
+        got = (ours[0] if isinstance(ours, tuple) else ours.sample).float()
+        errors.append([float((g - w).norm() / w.norm()) for g, w in zip(got, want, strict=True)])
+        return out
+
+    model.forward = both
+    try:
+        pipe(
+            prompt=[f"{p} {i}" for i, p in enumerate(fp8.CALIBRATION_PROMPTS[::-1][:prompts])],
+            num_inference_steps=steps,
+            guidance_scale=5.0,
+            generator=[torch.Generator("cpu").manual_seed(1000 + i) for i in range(prompts)],
+            output_type="latent",
+        )
+    finally:
+        del model.forward
+    return [round(sum(e) / len(e), 5) for e in errors]
+
+
+def unet_inputs(batch: int, dtype: torch.dtype) -> tuple[tuple, dict]:
+    device = torch.device("cuda")
+    rows = 2 * batch  # CFG
+    sample = torch.randn(rows, 4, 128, 128, device=device, dtype=dtype)
+    text = torch.randn(rows, 77, 2048, device=device, dtype=dtype)
+    added = {
+        "text_embeds": torch.randn(rows, 1280, device=device, dtype=dtype),
+        "time_ids": torch.tensor([[1024, 1024, 0, 0, 1024, 1024]] * rows, device=device, dtype=dtype),
+    }
+    t = torch.tensor(500, device=device)
+    return (sample, t), {"encoder_hidden_states": text, "added_cond_kwargs": added, "return_dict": False}
+
+
+@torch.no_grad()
+def call_time(module: torch.nn.Module, batch: int, dtype: torch.dtype, repeats: int = 10) -> dict[str, float]:
+    args, kwargs = unet_inputs(batch, dtype)
+    compiled = torch.compile(module, fullgraph=True, dynamic=False)
+    started = time.perf_counter()
+    compiled(*args, **kwargs)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - started
+    for _ in range(2):
+        compiled(*args, **kwargs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        compiled(*args, **kwargs)
+    end.record()
+    torch.cuda.synchronize()
+    return {"compile_s": round(compile_s, 1), "call_ms": round(start.elapsed_time(end) / repeats, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="sdxl-random")
+    ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
+    ap.add_argument("--error-prompts", type=int, default=0, help="per-step error over this many prompts (0: skip)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--granularity", default="tensor", help="for the per-step error")
+    ap.add_argument("--time", default="", help="compiled UNet call time of these: fp16,tensor,row")
+    ap.add_argument("--batch", type=int, default=8, help="images per call (CFG doubles the rows)")
+    args = ap.parse_args()
+    dtype = DTYPES[args.dtype]
+    pipe = load(args.model, dtype)
+    scales, source = scales_for(pipe, args.model)
+    base = {
+        "kind": "fp8_unet",
+        "model": args.model,
+        "dtype": args.dtype,
+        "gpu_name": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "scales": source,
+        "fp8_layers": len(scales),
+    }
+    records = []
+    if args.error_prompts:
+        quantized = quantized_copy(pipe, scales, args.granularity)
+        errors = step_errors(pipe, quantized, args.error_prompts, args.steps)
+        records.append(
+            base
+            | {
+                "what": "step_error",
+                "granularity": args.granularity,
+                "prompts": args.error_prompts,
+                "rel_error_per_step": errors,
+                "rel_error_mean": round(sum(errors) / len(errors), 5),
+            }
+        )
+        del quantized
+    for variant in [v for v in args.time.split(",") if v]:
+        module = fp8.denoiser(pipe) if variant == "fp16" else quantized_copy(pipe, scales, variant)
+        timing = call_time(module, args.batch, dtype)
+        records.append(base | {"what": "call_time", "variant": variant, "batch": args.batch, **timing})
+        print(records[-1], flush=True)
+        del module
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    with args.out.open("a") as out:
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+            print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
