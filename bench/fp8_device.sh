@@ -37,5 +37,6 @@ for phase in "$@"; do
         > $OUT/adapters-$p.log 2>&1 ;;
   esac
 done
-cp ~/.cache/diffq/fp8-scales.json $OUT/ 2>/dev/null
+grep -h "fp8\|compiled for\|ready in\|adapter" $OUT/worker-*.log 2>/dev/null | cut -c1-300 > $OUT/worker-lines.txt
+rm -f $OUT/worker-*.log
 echo "== done ${SECONDS}s" | tee -a $OUT/phases.txt

@@ -46,9 +46,9 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def ssim(a: np.ndarray, b: np.ndarray) -> float:
     """Mean SSIM (Wang et al. 2004: 11x11 Gaussian window, sigma 1.5) over the RGB channels."""
-    x = torch.from_numpy(a).permute(2, 0, 1)[None].double()
-    y = torch.from_numpy(b).permute(2, 0, 1)[None].double()
-    coords = torch.arange(11, dtype=torch.float64) - 5
+    x = torch.from_numpy(a).permute(2, 0, 1)[None].float()
+    y = torch.from_numpy(b).permute(2, 0, 1)[None].float()
+    coords = torch.arange(11, dtype=torch.float32) - 5
     g = torch.exp(-(coords**2) / (2 * 1.5**2))
     g = g / g.sum()
     window = (g[:, None] * g[None, :]).expand(3, 1, 11, 11)
