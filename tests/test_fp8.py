@@ -137,6 +137,8 @@ def test_an_adapter_merged_into_an_fp8_worker_is_what_its_fp8_layers_compute(sma
     cache = PipelineCache(str(fp8_cache), device="cpu", precision="fp8")
     without = images(cache)
     with_adapter = images(cache, "tiny-dora")
+    merged = cache.get("tiny")[0].merged
+    assert merged.direct and not merged.peft  # read and merged by diffq's own reader, not PEFT's slower load
     back = images(cache)
     for w, got, no in zip(want, with_adapter, without, strict=True):
         assert psnr(w, got) > psnr(w, no) + 3  # the adapter's image, not the base one

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from worker.pipelines.fp8 import StaticFP8Linear
+
 SUFFIXES = {
     ".lora.down.weight": "down",
     ".lora.up.weight": "up",
@@ -105,7 +107,7 @@ def read(pipe: Any, source: Path, weight_name: str | None) -> AdapterWeights | s
             return f"no layer {path} in this UNet"
         down, up, magnitude = found["down"], found["up"], found.get("magnitude")
         rank = down.shape[0]
-        if type(module) is not torch.nn.Linear:
+        if type(module) not in (torch.nn.Linear, StaticFP8Linear):  # FP8 layers keep a fp16 weight to merge into
             return f"layer {path} is a {type(module).__name__}, not a Linear"
         shapes_fit = down.shape == (rank, module.in_features) and up.shape == (module.out_features, rank)
         if not shapes_fit or (magnitude is not None and magnitude.shape != (module.out_features,)):
