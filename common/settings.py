@@ -188,6 +188,11 @@ class Settings:
             raise ConfigError(
                 f"--redis-url {redact(self.redis_url)!r}: use redis://[user:password@]host:port/db or rediss://"
             )
+        if is_placeholder(urlsplit(self.redis_url).password):
+            raise ConfigError(
+                "REDIS_PASSWORD (in --redis-url / REDIS_URL) is still .env.example's placeholder: "
+                "set a password of your own in .env and recreate the stack (docker compose up -d)"
+            )
         if self.compile_cache not in ("local", "redis") and urlsplit(self.compile_cache).scheme not in REDIS_SCHEMES:
             raise ConfigError(
                 f"--compile-cache {redact(self.compile_cache)!r}: use local, redis (the queue's Redis) "
@@ -307,3 +312,13 @@ def torchrun() -> Torchrun:
         restart_count=env.get("TORCHELASTIC_RESTART_COUNT", "0"),
         run_id=env.get("TORCHELASTIC_RUN_ID", "none"),
     )
+
+
+#: the passwords .env.example ships with, to be replaced (``change-me-redis``, ``change-me-dashboard``)
+PLACEHOLDER_PREFIX = "change-me"
+
+
+def is_placeholder(secret: str | None) -> bool:
+    """Whether ``secret`` is one of .env.example's placeholders: a stack started with one is open
+    to anyone who has read the repository, so workers, producer and dashboard refuse it."""
+    return bool(secret) and secret.strip().lower().startswith(PLACEHOLDER_PREFIX)

@@ -24,7 +24,7 @@ from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
 from common.presets import MODEL_PRESETS, adapter_path, check_model
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
-from common.settings import Settings, redact
+from common.settings import Settings, is_placeholder, redact
 from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
 from producer.export import SORT_BUFFER, ExportOptions, describe
@@ -530,6 +530,11 @@ def dashboard(redis_url: str | None, password: str | None, **opts: Any) -> None:
     settings = Settings.load(redis_url=redis_url)
     if not password:
         raise ConfigError("the dashboard needs a password: --password or RQ_DASHBOARD_PASSWORD (basic auth)")
+    if is_placeholder(password):
+        raise ConfigError(
+            "RQ_DASHBOARD_PASSWORD is still .env.example's placeholder: set a password of your own "
+            "(--password or .env) and start the dashboard again"
+        )
     connect(settings.redis_url)  # a wrong URL is one line here, not a stack of Flask errors later
     run_dashboard(redis_url=settings.redis_url, password=password, ttl=settings.heartbeat_ttl, **opts)
 

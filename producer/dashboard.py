@@ -19,6 +19,8 @@ Requeue button (its status reads ``failed (permanent)``).
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from typing import Any
 
 from rq import Worker
@@ -91,6 +93,9 @@ def run_dashboard(
     web.Worker = JSONWorker  # the Workers page: see the module docstring
     web.serialize_current_job = _serialize_current_job(web.serialize_current_job)
     web.blueprint.after_request(_readable_job_page)
+    # in a container this process is PID 1, which the kernel spares SIGTERM's default action:
+    # without a handler every `docker compose down` waited out its grace period and killed it
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     args = ["--json", "--bind", bind, "--port", str(port), "--redis-url", redis_url]
     args += ["--username", username, "--password", password, "--poll-interval", str(poll_ms)]
     if not allow_delete:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -152,3 +153,30 @@ def rendered(url: str, tmp_path: Path) -> str:
     assert out.returncode == 0, out.stderr[-2000:]
     text = re.sub(r"<script.*?</script>", " ", out.stdout, flags=re.S)  # what shows, not the templates
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text))
+
+
+def test_dashboard_refuses_env_examples_placeholder_password(env):
+    done = subprocess.run(
+        [sys.executable, "-m", "producer", "dashboard", "--password", "change-me-dashboard"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "RQ_DASHBOARD_PASSWORD is still .env.example's placeholder" in done.stderr
+
+
+def test_dashboard_stops_on_sigterm_at_once_with_exit_0(env):
+    """In a container the dashboard is PID 1, which ignores SIGTERM unless it handles it: every
+    `docker compose down` waited 10 s and ended it with SIGKILL (exit 137). It handles it now."""
+    port = free_port()
+    proc = dashboard(env, "--port", str(port), "--password", "s3cret")
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/0/data/queues.json"), 600, "the dashboard to answer")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0  # an unhandled SIGTERM ends it by the signal (-15), never 0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -84,7 +84,7 @@ def test_every_setting_is_in_env_example_with_its_default():
 
 
 def test_every_compose_variable_is_in_env_example():
-    used = set(VAR.findall((ROOT / "compose.yaml").read_text()))
+    used = set(VAR.findall((ROOT / "compose.yaml").read_text() + (ROOT / "compose.cpu.yaml").read_text()))
     listed = set(re.findall(r"^#? ?([A-Z0-9_]+)=", ENV_EXAMPLE, re.M))
     assert {name for name, _, _ in used} <= listed
 
@@ -115,6 +115,27 @@ def test_workers_lease_gpus_and_stop_warm():
     assert "${DIFFQ_MACHINE_ID:-/etc/machine-id}:/etc/machine-id:ro" in worker["volumes"]
     assert worker["stop_grace_period"] == "5m"
     assert worker["restart"] == "unless-stopped"
+
+
+def test_workers_and_dashboard_have_healthchecks_that_run_real_commands():
+    worker, dash = SERVICES["worker"], SERVICES["dashboard"]
+    assert worker["healthcheck"]["test"] == ["CMD", "worker", "health"]  # the heartbeat (tests/test_health.py)
+    assert worker["healthcheck"]["start_period"]  # the first heartbeat follows the model's load
+    probe = dash["healthcheck"]["test"]
+    assert probe[:3] == ["CMD", "python3", "-c"] and "9181" in probe[3]
+    compile(probe[3], "healthcheck", "exec")
+
+
+def test_cpu_replicas_cap_their_threads_and_the_cpu_override_is_kept_by_compose_file():
+    class Override(yaml.SafeLoader):
+        """compose's own tags (``!reset``) read as null"""
+
+    Override.add_constructor("!reset", lambda loader, node: None)
+    cpu = yaml.load((ROOT / "compose.cpu.yaml").read_text(), Loader=Override)
+    assert cpu["services"]["worker"]["environment"]["OMP_NUM_THREADS"] == "${DIFFQ_CPU_THREADS:-2}"
+    assert "# COMPOSE_FILE=compose.yaml:compose.cpu.yaml" in ENV_EXAMPLE
+    # the placeholders stay placeholders: diffq refuses them (tests/test_health.py, test_dashboard.py)
+    assert re.search(r"^REDIS_PASSWORD=change-me", ENV_EXAMPLE, re.M)
 
 
 def test_group_is_a_torchrun_service_on_its_own_gpus():
@@ -188,7 +209,12 @@ def test_dockerfile_cmd_is_a_real_command_with_valid_flags():
 @pytest.fixture
 def stack(tmp_path: Path, cache_dir: Path):
     """The compose Redis command on a free port, plus the environment the services would see."""
-    values = dotenv(ENV_EXAMPLE) | {"DIFFQ_MODEL": "tiny"}
+    # .env as a user leaves it: the example with both placeholder passwords replaced
+    values = dotenv(ENV_EXAMPLE) | {
+        "DIFFQ_MODEL": "tiny",
+        "REDIS_PASSWORD": "r3dis-pw",
+        "RQ_DASHBOARD_PASSWORD": "d4sh-pw",
+    }
     port = free_port()
     redis_cmd = command("redis", values)
     assert redis_cmd[0] == "redis-server"

@@ -267,6 +267,29 @@ def launch(gpus: str, **opts: Any) -> None:
     sys.exit(Launcher(slots, run_args, burst=opts["burst"]).run())
 
 
+@main.command()
+@click.option("--redis-url", help="redis://... [env REDIS_URL].")
+def health(redis_url: str | None) -> None:
+    """Exit 0 if a worker on this host has a fresh heartbeat in Redis, else 1 with one line
+    (compose's healthcheck: the heartbeat, not the process, says whether the worker is alive)."""
+    from redis import RedisError
+
+    from worker.supervision.health import live_workers_here, this_host
+
+    try:
+        settings = Settings.load(redis_url=redis_url)
+        conn = connect(settings.redis_url, retries=2)
+        names = live_workers_here(conn, this_host(), ttl=settings.heartbeat_ttl)
+    except (DiffqError, RedisError) as exc:
+        click.echo(f"worker health: {exc}", err=True)
+        sys.exit(1)
+    if not names:
+        ttl = settings.heartbeat_ttl
+        click.echo(f"worker health: no worker on {this_host()} has renewed its heartbeat in {ttl}s", err=True)
+        sys.exit(1)
+    click.echo(f"worker health: {', '.join(names)} alive")
+
+
 @main.command("prepare-tiny")
 @click.option("--cache-dir", help="Cache folder [env DIFFQ_CACHE; ~/.cache/diffq].")
 def prepare_tiny(cache_dir: str | None) -> None:

@@ -113,6 +113,18 @@ def test_two_workers_hold_distinct_leases_and_run_as_the_image_user(stack: Stack
     assert "gpu=lease INFO worker" not in logs and " gpu=0 " in logs and " gpu=1 " in logs
 
 
+def health(container: str) -> str:
+    return docker("inspect", "-f", "{{.State.Health.Status}}", container).strip()
+
+
+def test_workers_and_the_dashboard_turn_healthy_by_their_healthchecks(stack: Stack):
+    """The worker's healthcheck is its heartbeat in Redis (`worker health`), the dashboard's its
+    port; both run inside the real containers here."""
+    containers = [*stack.containers("worker"), *stack.containers("dashboard")]
+    assert len(containers) == 3
+    wait_for(lambda: all(health(c) == "healthy" for c in containers), 600, "healthy workers and dashboard", interval=3)
+
+
 def test_enqueue_and_wait_write_every_image_into_the_host_folder(stack: Stack):
     shutil.copy(ROOT / "examples" / "prompts.csv", stack.data / "prompts.csv")
     done = stack.producer("enqueue", "/data/prompts.csv", "--output", "/data/out", "--model", "tiny",
@@ -201,6 +213,11 @@ def test_compose_stop_is_a_warm_shutdown_inside_the_grace_period(stack: Stack):
     # the jobs that were running finished before their workers exited: their images are whole
     status = stack.status()
     assert not status.get("running") and status["jobs"].get("failed", 0) == 0
+    # the dashboard (PID 1 in its container) stops on SIGTERM itself, not by SIGKILL after 10 s
+    (dashboard,) = stack.containers("dashboard")
+    started = time.monotonic()
+    stack.compose("stop", "dashboard")
+    assert time.monotonic() - started < 9 and docker("inspect", "-f", "{{.State.ExitCode}}", dashboard).strip() == "0"
 
 
 def test_the_image_carries_nothing_that_never_runs_and_still_imports_what_does():
