@@ -398,3 +398,42 @@ def test_the_image_installs_what_s3_outputs_need_at_the_pinned_versions():
     assert "s3" in extras.split(",")
     pins = (ROOT / "docker" / "constraints.txt").read_text()
     assert "\ns3fs==" in pins and "\naiobotocore==" in pins and "\nbotocore==" in pins
+
+
+# -- the Slurm script's own checks, with stand-ins for srun and squeue (tests/slurm runs it on Slurm)
+
+
+def sbatch_script(tmp_path: Path, limit: str, path_extra: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for name, body in {"srun": 'echo "srun $*"', "squeue": f"echo '{limit}'"}.items():
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    (tmp_path / "worker").mkdir(exist_ok=True)  # the repo's folder of that name, in the submission directory
+    base = {"PATH": f"{bindir}:{path_extra}/usr/bin:/bin", "REDIS_URL": "redis://localhost:6379/0", "SLURM_JOB_ID": "7"}
+    return subprocess.run(
+        ["bash", str(ROOT / "deploy" / "slurm" / "diffq-workers.sbatch")],
+        cwd=tmp_path,
+        env={**base, **env, "SLURM_JOB_NODELIST": "node1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_sbatch_without_the_venv_says_to_activate_it_instead_of_running_the_repos_folder(tmp_path):
+    done = sbatch_script(tmp_path, "1-00:00:00")
+    assert done.returncode == 2 and "srun" not in done.stdout
+    assert "'worker' is not a command here: activate the venv" in done.stderr
+
+
+def test_sbatch_runs_the_worker_by_its_absolute_path_and_warns_of_a_short_time_limit(tmp_path):
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "worker").write_text("#!/bin/sh\n")
+    (venv / "worker").chmod(0o755)
+    long = sbatch_script(tmp_path, "1-00:00:00", path_extra=f"{venv}:")
+    assert long.returncode == 0 and f"{venv}/worker launch --gpus all" in long.stdout
+    assert "warning" not in long.stderr
+    short = sbatch_script(tmp_path, "5:00", path_extra=f"{venv}:")
+    assert short.returncode == 0 and "time limit is 300 s" in short.stderr and "--signal=TERM@<seconds>" in short.stderr
