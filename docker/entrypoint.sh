@@ -1,16 +1,20 @@
 #!/bin/sh
-# Runs the command as user diffq (uid 1000). Started as root (the default), it first hands
-# /data and /cache to that user where they belong to root: a host folder that dockerd created
-# for a bind mount is root:root 755, and the workers could not write their images there. A
-# folder that already belongs to someone else (the host user) is left alone. Started with
-# `--user`, it runs the command as that user unchanged.
+# Runs the command as the user that owns the images: DIFFQ_UID:DIFFQ_GID from .env (yours on the
+# host, `id -u` and `id -g`), else the image's user diffq (uid 1000). Started as root (the
+# default), it first hands /data to that user where it belongs to root (a host folder that dockerd
+# created for a bind mount is root:root 755, and the workers could not write their images there;
+# a folder that already belongs to someone, the host user, is left alone) and the /cache volume,
+# which is the image's own. Started with `--user`, it runs the command as that user unchanged.
 set -e
 if [ "$(id -u)" = 0 ]; then
-  for dir in /data /cache; do
-    if [ -d "$dir" ] && [ "$(stat -c %u "$dir")" = 0 ]; then
-      chown diffq:diffq "$dir"
-    fi
-  done
-  exec setpriv --reuid=diffq --regid=diffq --init-groups "$@"
+  uid=${DIFFQ_UID:-$(id -u diffq)}
+  gid=${DIFFQ_GID:-$(id -g diffq)}
+  if [ -d /data ] && [ "$(stat -c %u /data)" = 0 ]; then
+    chown "$uid:$gid" /data
+  fi
+  if [ -d /cache ] && [ "$(stat -c %u:%g /cache)" != "$uid:$gid" ]; then
+    chown -R "$uid:$gid" /cache
+  fi
+  exec setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@"
 fi
 exec "$@"

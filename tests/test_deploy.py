@@ -166,7 +166,8 @@ def test_dockerfile_is_pinned_non_root_and_keeps_secrets_out():
     entry = json.loads(next(arg for op, arg in steps if op == "ENTRYPOINT"))
     assert entry == ["diffq-entrypoint"]
     script = (ROOT / "docker/entrypoint.sh").read_text()
-    assert "exec setpriv --reuid=diffq --regid=diffq --init-groups" in script
+    assert 'exec setpriv --reuid="$uid" --regid="$gid" --clear-groups' in script
+    assert "uid=${DIFFQ_UID:-$(id -u diffq)}" in script  # the owner the user chose in .env, else diffq
     for op, arg in steps:
         if op == "RUN" and "pip install" in arg:
             assert "==" in arg or "-c docker/constraints.txt" in arg, arg
@@ -437,3 +438,31 @@ def test_sbatch_runs_the_worker_by_its_absolute_path_and_warns_of_a_short_time_l
     assert "warning" not in long.stderr
     short = sbatch_script(tmp_path, "5:00", path_extra=f"{venv}:")
     assert short.returncode == 0 and "time limit is 300 s" in short.stderr and "--signal=TERM@<seconds>" in short.stderr
+
+
+@pytest.mark.parametrize(
+    ("compose", "v1", "code", "says"),
+    [
+        ("v2.40.3", "", 0, "found Docker Compose 2.40.3: ok"),
+        ("v2.20.2", "", 1, "found Docker Compose 2.20.2: diffq's compose.cpu.yaml needs v2.24.0 or newer"),
+        ("", "1.29.2", 1, "found docker-compose 1.29.2 (Compose v1) but no 'docker compose'"),
+        ("", "", 1, "found no 'docker compose'"),
+    ],
+)
+def test_the_compose_check_says_what_it_found(tmp_path, compose, v1, code, says):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    docker_body = f'[ "$1 $2" = "compose version" ] && [ -n "{compose}" ] && echo "{compose}" && exit 0; exit 1'
+    (bindir / "docker").write_text(f"#!/bin/sh\n{docker_body}\n")
+    if v1:
+        (bindir / "docker-compose").write_text(f"#!/bin/sh\necho {v1}\n")
+    for tool in bindir.iterdir():
+        tool.chmod(0o755)
+    done = subprocess.run(
+        ["sh", str(ROOT / "deploy" / "check-compose.sh")],
+        env={"PATH": f"{bindir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == code and says in done.stdout, done.stdout

@@ -27,6 +27,7 @@ import pytest
 from conftest import ROOT, assert_exactly_once, free_port, wait_for
 
 REDIS_PASSWORD = "compose-test-redis"
+OWNER = 1234
 DASHBOARD = ("diffq", "compose-test-dashboard")
 #: a job of these runs a few seconds on a CPU: long enough to be caught mid-job
 SLOW = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "60", "--chunk-size", "2")
@@ -81,6 +82,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "DIFFQ_MACHINE_ID": home / "machine-id",
         "DIFFQ_TORCH_INDEX_URL": "",
         "DIFFQ_HEARTBEAT_TTL": 15,
+        "DIFFQ_UID": OWNER,  # the owner a user chose for the images (not the image's 1000)
+        "DIFFQ_GID": OWNER,
     }
     env_file.write_text("".join(f"{name}={value}\n" for name, value in settings.items()))
     stack = Stack(f"diffq-test-{os.getpid()}", env_file, data)
@@ -100,7 +103,7 @@ def serving(stack: Stack, count: int) -> bool:
     return logs.count("serving queue") >= count
 
 
-def test_two_workers_hold_distinct_leases_and_run_as_the_image_user(stack: Stack):
+def test_two_workers_hold_distinct_leases_and_run_as_the_user_chosen_in_env(stack: Stack):
     wait_for(lambda: serving(stack, 2), 600, "both workers to serve the queue", interval=2)
     leases = stack.redis("--scan", "--pattern", "diffq:gpu-lease:*").split()
     assert sorted(key.rsplit(":", 1)[1] for key in leases) == ["0", "1"]
@@ -108,7 +111,8 @@ def test_two_workers_hold_distinct_leases_and_run_as_the_image_user(stack: Stack
     for container in stack.containers("worker"):
         pid = docker("inspect", "-f", "{{.State.Pid}}", container).strip()  # the worker, as the host sees it
         status = Path(f"/proc/{pid}/status").read_text()
-        assert next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:] == ["1000"] * 4
+        uid = str(OWNER)
+        assert next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:] == [uid] * 4
     logs = stack.compose("logs", "--no-color", "worker").stdout
     assert "gpu=lease INFO worker" not in logs and " gpu=0 " in logs and " gpu=1 " in logs
 
@@ -132,8 +136,10 @@ def test_enqueue_and_wait_write_every_image_into_the_host_folder(stack: Stack):
     assert "13 image(s)" in done.stdout + done.stderr or "new" in done.stdout
     stack.producer("wait", "--timeout", "900", timeout=960)
     assert_exactly_once(stack.data / "out", 13)
+    assert stack.data.stat().st_uid == OWNER  # the folder dockerd made for the mount, handed to DIFFQ_UID
     for png in (stack.data / "out").rglob("*.png"):
         assert png.stat().st_mode & 0o004, f"{png} is not readable by the host's users"
+        assert (png.stat().st_uid, png.stat().st_gid) == (OWNER, OWNER)
 
 
 def get(url: str, auth: tuple[str, str] | None) -> int:
