@@ -7,6 +7,8 @@
 # HF_TOKEN passed through the environment (compose takes it from .env).
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 FROM ${BASE_IMAGE}
+# what `make image` prunes by: a rebuild leaves the previous diffq:0.1.0 untagged (5.8 GB)
+LABEL org.opencontainers.image.title=diffq
 
 ARG TORCH_VERSION=2.11.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128

@@ -60,6 +60,7 @@ image:
 	 elif ! docker info >/dev/null 2>&1; then echo "no Docker engine answers (docker info) and no $(CONTAINER_ENGINE) to start one"; exit 1; fi
 	@start=$$(date +%s); docker build -q $(IMAGE_ARGS) -t diffq:0.1.0 . >/dev/null && \
 	 echo "image diffq:0.1.0 built in $$(( $$(date +%s) - start )) s, $$(docker image inspect -f '{{.Size}}' diffq:0.1.0 | awk '{printf "%.2f GB", $$1/1e9}')"
+	@docker image prune -f --filter label=org.opencontainers.image.title=diffq >/dev/null  # the untagged previous build
 
 # the same image on Python 3.11 (Debian 12), the oldest Python pyproject.toml allows: the
 # constraints must resolve there too

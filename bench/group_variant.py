@@ -22,9 +22,9 @@ variant = set(filter(None, os.environ.get("DIFFQ_BENCH_VARIANT", "").split(","))
 if "nothreads" in variant:
     from rq.worker import BaseWorker
 
-    from worker.serving.rqworker import DiffqWorker
+    from worker.serving.keeper import Keeper
 
-    DiffqWorker._keep = lambda self: None  # type: ignore[method-assign]
+    Keeper.run = lambda self: None  # type: ignore[method-assign]
     BaseWorker.subscribe = lambda self: None  # type: ignore[method-assign]
 if "noprogress" in variant:
     from worker import task

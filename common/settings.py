@@ -322,3 +322,18 @@ def is_placeholder(secret: str | None) -> bool:
     """Whether ``secret`` is one of .env.example's placeholders: a stack started with one is open
     to anyone who has read the repository, so workers, producer and dashboard refuse it."""
     return bool(secret) and secret.strip().lower().startswith(PLACEHOLDER_PREFIX)
+
+
+def fp8_layer_limits(min_features: int, min_rows: int) -> tuple[int, int]:
+    """The smallest linear layer ``--precision fp8`` takes (worker/pipelines/fp8.py), lowered by
+    ``DIFFQ_FP8_MIN_FEATURES`` / ``DIFFQ_FP8_MIN_ROWS`` for small models (the tests' tiny one is
+    64 wide); the defaults are what pays on an H100."""
+
+    def number(name: str, default: int) -> int:
+        raw = os.environ.get(name, "")
+        try:
+            return int(raw) if raw else default
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r}: use a whole number") from None
+
+    return number("DIFFQ_FP8_MIN_FEATURES", min_features), number("DIFFQ_FP8_MIN_ROWS", min_rows)

@@ -15,6 +15,9 @@ if [ "$(id -u)" = 0 ]; then
   if [ -d /cache ] && [ "$(stat -c %u:%g /cache)" != "$uid:$gid" ]; then
     chown -R "$uid:$gid" /cache
   fi
+  # a uid without an entry in /etc/passwd has no user name, and getpass (torch's compile cache
+  # folder is named after the user) fails without one in the environment
+  export USER="${USER:-diffq}" LOGNAME="${LOGNAME:-diffq}"
   exec setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@"
 fi
 exec "$@"

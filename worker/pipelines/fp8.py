@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from common.settings import fp8_layer_limits
+
 log = logging.getLogger("diffq.worker")
 
 E4M3 = torch.float8_e4m3fn
@@ -166,11 +168,8 @@ def candidate(name: str, module: torch.nn.Module) -> bool:
     if name.endswith(("attn2.to_k", "attn2.to_v")):
         return False
     dims = (module.in_features, module.out_features)
-    return min(dims) >= _limit("DIFFQ_FP8_MIN_FEATURES", MIN_FEATURES) and all(d % 16 == 0 for d in dims)
-
-
-def _limit(env: str, default: int) -> int:
-    return int(os.environ.get(env) or default)
+    least, _ = fp8_layer_limits(MIN_FEATURES, MIN_ROWS)
+    return min(dims) >= least and all(d % 16 == 0 for d in dims)
 
 
 @torch.no_grad()
@@ -211,7 +210,7 @@ def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
     finally:
         for handle in handles:
             handle.remove()
-    least = _limit("DIFFQ_FP8_MIN_ROWS", MIN_ROWS)
+    _, least = fp8_layer_limits(MIN_FEATURES, MIN_ROWS)
     return {name: value for name, value in amax.items() if rows[name] >= least}
 
 

@@ -23,11 +23,11 @@ from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.registry import StartedJobRegistry
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.results import Result
 from rq.utils import parse_composite_key
 
-from common.reconcile import intermediate_seen_key, live_workers
+from common.reconcile import intermediate_seen_key, left, live_workers
 from common.rq_keys import rq_names
 
 log = logging.getLogger("diffq.worker")
@@ -154,3 +154,31 @@ def _requeue_one(queue: Queue, job: Job, execution: Execution) -> list[str]:
         give_back(queue, job, f"its worker stopped mid-job; re-queued ({abandoned}/{MAX_ABANDONED})")
         log.warning("job %s: its worker stopped heartbeating; re-queued at the front", job_id)
     return [job_id]
+
+
+def unfinished_elsewhere(queues: list[Queue], ttl: float, me: str, poll_s: float) -> tuple[float | None, str]:
+    """Work of ``queues`` that is not over (:func:`common.reconcile.left`): jobs scheduled for a
+    retry (seconds until the first is due), running on other workers (which may die and have
+    their job re-queued), being started, or lost (re-queued here and now). A burst worker waits
+    for all of them, ``poll_s`` at a time, before it calls the queue drained; None: nothing left."""
+    earliest: float | None = None
+    running = starting = 0
+    for queue in queues:
+        state = left(queue.connection, queue.name, ttl=ttl, me=me)
+        if state.lost:
+            back = requeue_abandoned(queue, stuck_after_s=ttl, me=me)
+            if back:
+                return 0.0, f"{len(back)} lost job(s) re-queued"
+        first = queue.connection.zrange(ScheduledJobRegistry(queue=queue).key, 0, 0, withscores=True)
+        if first:
+            at = float(first[0][1])
+            earliest = at if earliest is None else min(earliest, at)
+        running += state.running + state.lost
+        starting += state.starting
+    if earliest is not None:
+        return earliest - time.time(), "a retry is scheduled"
+    if running:
+        return poll_s, f"{running} job(s) still run on other workers"
+    if starting:
+        return poll_s, f"{starting} job(s) taken by other workers and not started yet"
+    return None, ""

@@ -6,18 +6,19 @@ RQ's default ``Worker`` forks a work-horse per job: CUDA does not survive ``fork
 child would load the model again for every job. ``SimpleWorker`` runs jobs in-process, but
 then nothing refreshes the worker's and the job's heartbeats while a long job runs. Added here:
 
-- A keeper thread renews the heartbeats of the worker and the running execution every sixth
-  of ``DIFFQ_HEARTBEAT_TTL``, re-queues jobs of dead workers every third of it (see
-  :mod:`worker.serving.recovery`) and moves retries that are due back to the queue. It renews only an
-  execution that is still in the started registry: a worker that was stalled past the TTL
-  finds its job given away and says so, and the job function records nothing for it.
+- A keeper thread (:mod:`worker.serving.keeper`, its duties named there) renews the heartbeats
+  of the worker and the running execution every sixth of ``DIFFQ_HEARTBEAT_TTL``, re-queues
+  jobs of dead workers every third of it (see :mod:`worker.serving.recovery`) and moves retries
+  that are due back to the queue. It renews only an execution that is still in the started
+  registry: a worker that was stalled past the TTL finds its job given away and says so, and the
+  job function records nothing for it.
 - Signals (:mod:`worker.serving.signals`): the first Ctrl-C / SIGTERM finishes the current job and
   takes no new one (exit 0); a second one, more than a second later, puts the job back at the
   front of its queue without using a retry and exits 1 at once, even mid-decode.
 - Environment failures (:class:`~common.errors.WorkerUnavailable`): a full or read-only disk
-  gives the job back at the front and pauses the worker, which probes with backoff and goes on
-  when the disk can take the next job; a model or adapter the worker failed to load twice
-  (:mod:`worker.serving.breaker`) gives its jobs back for other workers. Either shows in
+  gives the job back at the front and pauses the worker (:mod:`worker.serving.pause`), which
+  probes with backoff and goes on when the disk can take the next job; a model or adapter the
+  worker failed to load twice (:mod:`worker.serving.breaker`) gives its jobs back for other workers. Either shows in
   ``producer status`` and as the worker's ``suspended`` state in rq-dashboard.
 - Overlap (:mod:`worker.serving.overlap`): a job's images are written and recorded on a writer
   thread while the next job denoises; the worker completes the job in RQ once they are, with
@@ -28,7 +29,6 @@ then nothing refreshes the worker's and the job's heartbeats while a long job ru
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -40,7 +40,6 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from contextvars import Token
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -52,7 +51,6 @@ from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
-from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
@@ -60,15 +58,16 @@ from rq.worker.base import SHUTDOWN_SIGNAL
 
 from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
 from common.queues import WAY_OUT, paused_key, retire_finished
-from common.reconcile import left
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
 from worker.serving import context
 from worker.serving.context import JobContext, Tail
 from worker.serving.failures import classify, record_failure
+from worker.serving.keeper import Keeper
 from worker.serving.overlap import Pending, Writer
-from worker.serving.recovery import give_back, requeue_abandoned
+from worker.serving.pause import Pause
+from worker.serving.recovery import give_back, requeue_abandoned, unfinished_elsewhere
 from worker.serving.runtime import Runtime
 from worker.serving.signals import SignalWatcher
 from worker.serving.task import JobLost, JobStopped
@@ -85,8 +84,6 @@ EXIT_REDIS_GONE = 75  # EX_TEMPFAIL
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
 DEFAULT_HEARTBEAT_TTL_S = 30
-#: longest wait between two probes of a paused worker's output folder
-PAUSE_MAX_BACKOFF_S = 30.0
 #: longest wait after giving back a job this worker does not take
 GIVE_BACK_MAX_WAIT_S = 30.0
 #: after the first signal, Redis has this long to answer before the worker gives up on it and exits
@@ -104,15 +101,6 @@ def worker_name(gpu_label: str) -> str:
     label = gpu_label.replace(",", "+")
     label = label if label.startswith("cpu") else f"gpu{label}"
     return f"diffq-{label}-{host}-{os.getpid()}"
-
-
-@dataclass
-class Pause:
-    reason: str
-    probe: Callable[[], None]
-    since: float
-    backoff: float = 1.0
-    next_probe: float = 0.0
 
 
 class DiffqWorker(SimpleWorker):
@@ -146,12 +134,12 @@ class DiffqWorker(SimpleWorker):
         self._lost: str | None = None  # id of a running job this worker no longer owns
         self._told: dict[str, int] = {}  # failure causes said, and how often they happened
         self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
-        self._keeper_failures = 0
         #: the main thread waits for a job (a signal may interrupt it there)
         self._waiting = False
         #: a cold stop is under way: whichever thread ends the process, it ends with EXIT_COLD
         self._cold = False
-        self._keeper_stop = threading.Event()
+        #: the background thread of heartbeats, lease, retries, pauses and reaping
+        self.keeper = Keeper(self)
         self._signals = SignalWatcher(self._warm_stop, self.stop_now)
         self._scheduler: RQScheduler | None = None
         #: held by the keeper while it renews heartbeats, and while a handed-off job is completed
@@ -198,8 +186,7 @@ class DiffqWorker(SimpleWorker):
         self.log.setLevel(logging.WARNING)  # RQ says four things per job; the job function says one
         self._scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)
         self._scheduler.log.setLevel(logging.WARNING)  # it logs every lock it takes, every few seconds
-        self._keeper_stop.clear()
-        threading.Thread(target=self._keep, name="diffq-keeper", daemon=True).start()
+        self.keeper.start()
 
     def teardown(self) -> None:
         """On the way out every Redis call is bounded (:data:`~common.queues.WAY_OUT`): what
@@ -210,69 +197,12 @@ class DiffqWorker(SimpleWorker):
             log.warning("the job in the writer was not completed in RQ (%s); it comes back by its heartbeat", exc)
         if self._writer is not None:
             self._writer.shutdown()
-        self._keeper_stop.set()
+        self.keeper.stop()
         try:
             self.connection.hdel(paused_key(self.queues[0].name), self.name)
             super().teardown()
         except redis.RedisError as exc:
             log.warning("Redis did not answer on the way out (%s); this worker's key expires by itself", exc)
-
-    def _keep(self) -> None:
-        last_reap = 0.0
-        while not self._keeper_stop.wait(self.keepalive_s):
-            try:
-                self._keep_running_job()
-                if self.lease is not None and not self.lease_lost and not self.lease.renew():
-                    self.lease_lost = True
-                    self._stop_requested = True
-                    log.error("GPU lease %s was taken by another worker; stopping after this job", self.lease.index)
-                self._enqueue_due_retries()
-                self._publish_state()
-                self.keep_more()
-                if time.monotonic() - last_reap >= self.reap_s:
-                    last_reap = time.monotonic()
-                    for queue in self.queues:
-                        requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl)
-                self._keeper_failures = 0
-            except Exception as exc:  # the keeper must outlive Redis hiccups, and say so
-                self._keeper_failures += 1
-                log.warning(
-                    "keeper: %s: %s (%d failure(s) in a row; a running job is given to another worker "
-                    "if its heartbeat lapses for %ds)",
-                    exc.__class__.__name__,
-                    exc,
-                    self._keeper_failures,
-                    self.heartbeat_ttl,
-                )
-
-    def _keep_running_job(self) -> None:
-        with self._executions_lock:  # not while the main thread completes a handed-off job
-            self._keep_pending_job()
-            self._keep_current_job()
-
-    def _keep_pending_job(self) -> None:
-        """The heartbeat of a job whose images are in the writer, while it still is this worker's."""
-        pending = self._pending
-        if pending is not None and self.owns(pending.job, pending.execution):
-            self.maintain_heartbeats(pending.job, pending.execution)
-
-    def _keep_current_job(self) -> None:
-        job = self._running
-        if job is None:
-            self.heartbeat(self.worker_ttl)  # idle or paused: still alive, for producer status
-            return
-        execution = self._running_execution
-        if execution is None or self._lost == job.id:
-            return
-        if self.owns(job, execution):
-            self.maintain_heartbeats(job, execution)
-            return
-        self._lost = job.id
-        log.warning(
-            "job %s: its heartbeat lapsed (was this worker stalled?) and it went to another worker; "
-            "this worker finishes its part but records nothing",
-            job.id,
-        )
 
     def keep_more(self) -> None:
         """More keeper work for subclasses (an xDiT group's rank 0 watches its peers here)."""
@@ -283,17 +213,6 @@ class DiffqWorker(SimpleWorker):
         for queue in self.queues:
             requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl, me=self.name)
         super().clean_registries()
-
-    def _publish_state(self) -> None:
-        """Why this worker takes no jobs (or some of them), for ``producer status``."""
-        refusing = self.runtime.breaker.open() if self.runtime is not None else {}
-        reasons = [self.paused.reason] if self.paused else []
-        reasons += [f"not taking jobs for {what}: {why}" for what, why in refusing.items()]
-        key = paused_key(self.queues[0].name)
-        if reasons:
-            self.connection.hset(key, self.name, json.dumps({"reasons": reasons, "since": time.time()}))
-        else:
-            self.connection.hdel(key, self.name)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -537,36 +456,25 @@ class DiffqWorker(SimpleWorker):
             self.runtime.metrics.paused("output")
         try:
             self.set_state(WorkerStatus.SUSPENDED)
-            self._publish_state()
+            self.keeper.publish_pauses()
         except redis.RedisError as exc:
             log.warning("the pause is not shown in Redis yet (%s); the keeper tries again", exc.__class__.__name__)
 
     def _wait_out_pause(self) -> bool:
         """Probe until the pause is over (True), or a stop is asked for (False)."""
         pause = self.paused
-        while pause is not None:
-            if self._stop_requested:
-                return False
-            left = pause.next_probe - time.monotonic()
-            if left > 0:
-                time.sleep(min(left, 0.5))
-                continue
-            try:
-                pause.probe()
-            except WorkerUnavailable:
-                pause.backoff = min(pause.backoff * 2, PAUSE_MAX_BACKOFF_S)
-                pause.next_probe = time.monotonic() + pause.backoff
-                continue
-            log.warning("resumed after %.0fs: %s", time.time() - pause.since,
-                             "the output folder can take jobs again")  # fmt: skip
-            self.paused = pause = None
-            if self.runtime is not None and self.runtime.metrics is not None:
-                self.runtime.metrics.paused(None)
-            try:
-                self._publish_state()
-            except redis.RedisError as exc:
-                log.warning("the end of the pause is not shown in Redis yet (%s); the keeper tries again",
-                            exc.__class__.__name__)  # fmt: skip
+        if pause is None:
+            return True
+        if not pause.wait_out(lambda: self._stop_requested):
+            return False
+        self.paused = None
+        if self.runtime is not None and self.runtime.metrics is not None:
+            self.runtime.metrics.paused(None)
+        try:
+            self.keeper.publish_pauses()
+        except redis.RedisError as exc:
+            log.warning("the end of the pause is not shown in Redis yet (%s); the keeper tries again",
+                        exc.__class__.__name__)  # fmt: skip
         return True
 
     # -- overlap: a job's tail on the writer while the next one runs ---------------------------
@@ -662,14 +570,14 @@ class DiffqWorker(SimpleWorker):
             result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             if result is not None or timeout is not None or self._stop_requested:
                 return result
-            wait, why = self._unfinished_elsewhere()
+            wait, why = unfinished_elsewhere(self.queues, ttl=self.heartbeat_ttl, me=self.name, poll_s=self.keepalive_s)
             if wait is None:
                 return None
             if why != said:
                 log.info("burst: queue is empty but %s; waiting", why)
                 said = why
             time.sleep(min(max(wait, 0.2), self.keepalive_s))
-            self._enqueue_due_retries()
+            self.keeper.move_due_retries()
             self.idle()
 
     def _after_give_back(self, burst: bool) -> bool:
@@ -682,38 +590,3 @@ class DiffqWorker(SimpleWorker):
         while time.monotonic() < deadline and not self._stop_requested:
             time.sleep(0.2)
         return not self._stop_requested
-
-    def _unfinished_elsewhere(self) -> tuple[float | None, str]:
-        """Work of our queues that is not over (:func:`common.reconcile.left`): jobs scheduled
-        for a retry (seconds until the first is due), running on other workers (which may die
-        and have their job re-queued), being started, or lost (re-queued here and now). A burst
-        worker waits for all of them before it calls the queue drained."""
-        earliest: float | None = None
-        running = starting = 0
-        for queue in self.queues:
-            state = left(self.connection, queue.name, ttl=self.heartbeat_ttl, me=self.name)
-            if state.lost:
-                back = requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl, me=self.name)
-                if back:
-                    return 0.0, f"{len(back)} lost job(s) re-queued"
-            first = self.connection.zrange(ScheduledJobRegistry(queue=queue).key, 0, 0, withscores=True)
-            if first:
-                at = float(first[0][1])
-                earliest = at if earliest is None else min(earliest, at)
-            running += state.running + state.lost
-            starting += state.starting
-        if earliest is not None:
-            return earliest - time.time(), "a retry is scheduled"
-        if running:
-            return self.keepalive_s, f"{running} job(s) still run on other workers"
-        if starting:
-            return self.keepalive_s, f"{starting} job(s) taken by other workers and not started yet"
-        return None, ""
-
-    def _enqueue_due_retries(self) -> None:
-        scheduler = self._scheduler
-        if scheduler is not None and scheduler.acquire_locks():
-            try:
-                scheduler.enqueue_scheduled_jobs()
-            finally:
-                scheduler.release_locks()
