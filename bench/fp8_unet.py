@@ -39,16 +39,8 @@ def load(model: str, dtype: torch.dtype) -> Any:
 
 
 def scales_for(pipe: Any, model: str) -> tuple[dict[str, float], str]:
-    store = fp8.ScaleStore(Path(Settings.load().cache_dir))
-    size = int(pipe.default_sample_size * pipe.vae_scale_factor)
-    key = fp8.scales_key(model, fp8.denoiser(pipe).dtype, fp8.structure(pipe), size, size)
-    scales = store.get(key)
-    if scales is not None:
-        return scales, "loaded"
-    started = time.perf_counter()
-    scales = fp8.calibrate(pipe, size, size)
-    store.put(key, model, scales)
-    return scales, f"calibrated in {time.perf_counter() - started:.1f}s"
+    """The worker's own calibration of ``pipe``, from the store a worker run left (DIFFQ_CACHE)."""
+    return fp8.scales(pipe, model, fp8.ScaleStore(Path(Settings.load().cache_dir)))
 
 
 def quantized_copy(pipe: Any, scales: dict[str, float], granularity: str) -> torch.nn.Module:

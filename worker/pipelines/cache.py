@@ -440,7 +440,8 @@ class PipelineCache:
                 loaded.merged.restore()  # the new adapter wraps pristine weights
                 name = self._load_adapter(loaded, loaded.merged, adapter)
             loaded.merged.use(name, scale)
-            fp8.refresh(loaded.pipe)  # FP8 copies of the weights the adapter changed (none without fp8)
+            if "fp8" in loaded.speedups:
+                fp8.refresh(loaded.pipe)  # the FP8 copies of the weights the adapter changed
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()

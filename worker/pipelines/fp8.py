@@ -229,9 +229,7 @@ def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor") -
 
 
 def layers(pipe: Any) -> Iterator[StaticFP8Linear]:
-    module = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
-    if isinstance(module, torch.nn.Module):
-        yield from (m for m in module.modules() if isinstance(m, StaticFP8Linear))
+    yield from (m for m in denoiser(pipe).modules() if isinstance(m, StaticFP8Linear))
 
 
 def refresh(pipe: Any) -> int:
@@ -290,27 +288,33 @@ class ScaleStore:
             log.warning("fp8: scales not saved to %s: %s", self.path, exc)
 
 
+def scales(pipe: Any, model: str, store: ScaleStore | None) -> tuple[dict[str, float], str]:
+    """The host's calibration of ``pipe`` (from ``store``), or a new one, kept there; and where
+    it came from, for the log ("loaded", "calibrated in 6.1s")."""
+    started = time.perf_counter()
+    width = height = int(getattr(pipe, "default_sample_size", 128) * getattr(pipe, "vae_scale_factor", 8))
+    key = scales_key(model, denoiser(pipe).dtype, structure(pipe), width, height)
+    found = store.get(key) if store is not None else None
+    if found is not None:
+        return found, "loaded"
+    log.info(
+        "fp8: calibrating %s (%d prompts, %d steps, %dx%d)",
+        model,
+        len(CALIBRATION_PROMPTS),
+        CALIBRATION_STEPS,
+        width,
+        height,
+    )
+    found = calibrate(pipe, width, height)
+    if store is not None:
+        store.put(key, model, found)
+    return found, f"calibrated in {time.perf_counter() - started:.1f}s"
+
+
 def apply(pipe: Any, model: str, store: ScaleStore | None, granularity: str = "tensor") -> float:
     """Calibrate (or load the host's calibration) and quantize; returns the seconds spent."""
     started = time.perf_counter()
-    width = height = int(getattr(pipe, "default_sample_size", 128) * getattr(pipe, "vae_scale_factor", 8))
-    dtype = denoiser(pipe).dtype
-    key = scales_key(model, dtype, structure(pipe), width, height)
-    scales = store.get(key) if store is not None else None
-    source = "loaded"
-    if scales is None:
-        log.info(
-            "fp8: calibrating %s (%d prompts, %d steps, %dx%d)",
-            model,
-            len(CALIBRATION_PROMPTS),
-            CALIBRATION_STEPS,
-            width,
-            height,
-        )
-        scales = calibrate(pipe, width, height)
-        source = f"calibrated in {time.perf_counter() - started:.1f}s"
-        if store is not None:
-            store.put(key, model, scales)
-    count = quantize(pipe, scales, granularity)
+    found, source = scales(pipe, model, store)
+    count = quantize(pipe, found, granularity)
     log.info("fp8: %d linear layer(s) in FP8 with static per-%s scales (%s)", count, granularity, source)
     return time.perf_counter() - started
