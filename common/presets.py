@@ -23,6 +23,17 @@ MODEL_PRESETS: dict[str, str] = {
     "flux-random": "FLUX.1-dev architecture (12 B DiT, T5-XXL) with random weights (xDiT group benchmarks)",
 }
 
+#: A preset's own defaults for the size and steps a row and the flags leave open: ``tiny`` is
+#: for CPUs, where SDXL's 1024² would take over ten minutes a step (the demo's 128², 8 steps
+#: take seconds), so the docs' commands run as written on a host without GPUs.
+PRESET_DEFAULTS: dict[str, dict[str, int]] = {"tiny": {"width": 128, "height": 128, "steps": 8}}
+
+
+def preset_default(model: str, name: str, fallback: int) -> int:
+    """``name``'s default for ``model``: the preset's own, else ``fallback`` (the job spec's)."""
+    return PRESET_DEFAULTS.get(model, {}).get(name, fallback)
+
+
 #: Speed levers a worker can switch on (``--speedups`` / ``DIFFQ_SPEEDUPS``); worker/pipelines/speedups.py applies them.
 SPEEDUP_LEVERS: dict[str, str] = {
     "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",

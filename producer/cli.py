@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import GenParams, PromptItem
-from common.presets import MODEL_PRESETS, adapter_path, check_model
+from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
 from common.settings import Settings, is_placeholder, redact
 from common.storage import Store, is_url, local_path, problem
@@ -86,12 +86,12 @@ def _default(cls: type, name: str) -> Any:
 @click.option("--adapter", help="DoRA/LoRA folder or .safetensors file, or the preset tiny-dora (rows' default).")
 @click.option("--adapter-scale", type=float, default=_default(GenParams, "adapter_scale"), show_default=True,
               help="Adapter weight, for rows without an adapter_scale cell.")  # fmt: skip
-@click.option("--steps", type=int, default=_default(GenParams, "steps"), show_default=True,
-              help="Denoising steps, for rows without a steps cell.")  # fmt: skip
-@click.option("--width", type=int, default=_default(GenParams, "width"), show_default=True,
-              help="Width (multiple of 8), for rows without a width cell.")  # fmt: skip
-@click.option("--height", type=int, default=_default(GenParams, "height"), show_default=True,
-              help="Height (multiple of 8), for rows without a height cell.")  # fmt: skip
+@click.option("--steps", type=int, help="Denoising steps, for rows without a steps cell "
+              f"[default: {_default(GenParams, 'steps')}; tiny: {preset_default('tiny', 'steps', 0)}].")  # fmt: skip
+@click.option("--width", type=int, help="Width (multiple of 8), for rows without a width cell "
+              f"[default: {_default(GenParams, 'width')}; tiny: {preset_default('tiny', 'width', 0)}].")  # fmt: skip
+@click.option("--height", type=int, help="Height (multiple of 8), for rows without a height cell "
+              f"[default: {_default(GenParams, 'height')}; tiny: {preset_default('tiny', 'height', 0)}].")  # fmt: skip
 @click.option("--guidance", type=float, default=_default(GenParams, "guidance"), show_default=True,
               help="Classifier-free guidance, for rows without a guidance cell.")  # fmt: skip
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
@@ -134,9 +134,12 @@ def enqueue(file: Path, **opts: Any) -> None:
     )
     defaults = RowDefaults(
         model=settings.model,
-        width=opts["width"],
-        height=opts["height"],
-        steps=opts["steps"],
+        **{  # a flag, else the model preset's own default, else the job spec's
+            name: opts[name]
+            if opts[name] is not None
+            else preset_default(settings.model, name, _default(GenParams, name))
+            for name in ("width", "height", "steps")
+        },
         guidance=opts["guidance"],
         num_images=opts["num_images"],
         seed=opts["seed"],

@@ -33,6 +33,29 @@ def test_enqueue_chunks_rows_that_share_settings(env, conn, tmp_path):
     assert all(len({(s.params, i.id) for i in s.items}) == len(s.items) for s in specs)
 
 
+def test_the_tiny_preset_defaults_to_a_size_a_cpu_makes_and_flags_and_cells_still_win(env, conn, tmp_path):
+    # the docs' commands name no size: on a CPU host (DIFFQ_MODEL=tiny) SDXL's 1024² would never finish
+    rows = tmp_path / "rows.csv"
+    rows.write_text("prompt,width\nleft open,\na cell wins,256\n")
+    assert producer("enqueue", rows, "--model", "tiny", "--output", tmp_path / "a").exit_code == 0
+    sizes = {(s.params.width, s.params.height, s.params.steps) for s in queued_specs(conn)}
+    assert sizes == {(128, 128, 8), (256, 128, 8)}
+    conn.flushdb()
+    assert (
+        producer(
+            "enqueue", rows, "--model", "tiny", "--steps", "3", "--width", "64", "--output", tmp_path / "b"
+        ).exit_code
+        == 0
+    )
+    assert {(s.params.width, s.params.steps) for s in queued_specs(conn)} == {(64, 3), (256, 3)}
+    conn.flushdb()
+    assert producer("enqueue", rows, "--model", "sdxl-random", "--output", tmp_path / "c").exit_code == 0
+    assert {(s.params.width, s.params.height, s.params.steps) for s in queued_specs(conn)} == {
+        (1024, 1024, 30),
+        (256, 1024, 30),
+    }
+
+
 def test_enqueue_twice_adds_nothing(env, conn, tmp_path):
     args = ("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", tmp_path)
     assert producer(*args).exit_code == 0
