@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, SLOW, assert_exactly_once, free_port, producer, wait_for
+from docs_blocks import at_site, block, run_block
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 SBATCH = ROOT / "deploy" / "slurm" / "diffq-workers.sbatch"
@@ -180,3 +181,33 @@ def test_workers_stopped_by_scancel_and_a_time_limit_lose_nothing_and_a_new_job_
         f"scancel to the job's end: {cancel_s:.1f} s; the time-limited job ended {limit_state}; "
         f"images before the new job: {left} of {images}"
     )
+
+
+def test_the_docs_first_try_runs_as_written_on_slurm(slurm, cache_dir, tmp_path):
+    """docs/slurm.md's Redis block, then its first-try block, pasted into a shell on the login
+    node: only the site's own words differ (host, port, password, the shared folder)."""
+    shared, port, password = tmp_path / "shared", free_port(), "docs-test-password"
+    shared.mkdir()
+    page = ROOT / "docs" / "slurm.md"
+    redis_block = at_site(block(page, "## Redis for a cluster"), {"6379": str(port), "/shared/": f"{shared}/"})
+    first_try = at_site(
+        block(page, "# Slurm clusters"),
+        {"PASSWORD@login1:6379": f"{password}@127.0.0.1:{port}", "/shared/": f"{shared}/"},
+    )
+    env = {**slurm.env, "PASSWORD": password, "DIFFQ_CACHE": str(cache_dir)}
+    for name in ("REDIS_URL", "VIRTUAL_ENV", "DIFFQ_GPUS", "DIFFQ_WORKER", "DIFFQ_WORKER_ARGS", "PYTHONPATH"):
+        env.pop(name, None)  # nothing of the test's own environment stands in for a doc's line
+    try:
+        ran = run_block(redis_block, ROOT, env, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        ran = run_block(first_try, ROOT, env, timeout=900)
+        assert ran.returncode == 0, f"exit {ran.returncode}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
+        run = shared / "runs" / "try"
+        assert_exactly_once(run / "out", 13)
+        assert [p.name for p in run.glob("diffq-*.out")], list(run.iterdir())  # the job's output, in --chdir
+        logs = "".join(p.read_text() for p in (run / "logs").glob("diffq-*.log"))
+        assert "serving queue" in logs and "Traceback" not in logs, logs[-3000:]
+        assert not list(ROOT.glob("diffq-*.out")), "the job wrote its output into the repo"
+    finally:
+        cli = ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password, "shutdown", "nosave"]
+        subprocess.run(cli, capture_output=True, timeout=30)
