@@ -59,6 +59,13 @@ def _check_float(name: str, value: Any, lo: float, hi: float) -> None:
     _require(lo <= value <= hi, f"{name} {value} is outside {lo:g}..{hi:g}")
 
 
+#: The :class:`GenParams` fields every item key has held since the first version. A field added
+#: later is not listed here: ``common/naming.py:item_key`` writes it into a key only when it is
+#: set to something other than its default, so an item made before the field existed keeps its
+#: key and a resumed campaign redoes nothing (tests/test_naming.py shows it with a new field).
+KEY_FIELDS_V1 = frozenset({"model", "width", "height", "steps", "guidance", "adapter", "adapter_scale"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class GenParams:
     """Settings every prompt of one chunk shares; chunks are formed by grouping on these."""

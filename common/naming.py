@@ -8,6 +8,7 @@ steer a write outside the output folder.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -15,7 +16,7 @@ from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
-from common.jobspec import GenParams, PromptItem
+from common.jobspec import KEY_FIELDS_V1, GenParams, PromptItem
 
 KEY_CHARS = 24  # 96 bits: no collision expected below ~10^14 items
 JOB_PREFIX = "dq"
@@ -62,10 +63,16 @@ def _params_json(params: GenParams) -> tuple[str, str, str]:
         f'{{"adapter":{_scalar(params.adapter)},"adapter_scale":{_scalar(scale)},'
         f'"guidance":{_scalar(float(params.guidance))},"height":{_scalar(params.height)},'
     )
+    later = {  # fields added after the first key version, only where they change the pixels
+        f.name: getattr(params, f.name)
+        for f in dataclasses.fields(params)
+        if f.name not in KEY_FIELDS_V1 and getattr(params, f.name) != f.default
+    }
+    extra = f',"later":{json.dumps(later, sort_keys=True, ensure_ascii=False, separators=(",", ":"))}' if later else ""
     return (
         head,
         f'"model":{_scalar(params.model)},',
-        f'"steps":{_scalar(params.steps)},"width":{_scalar(params.width)}}}',
+        f'"steps":{_scalar(params.steps)},"width":{_scalar(params.width)}{extra}}}',
     )
 
 

@@ -3,6 +3,7 @@ JSON must give the very bytes json.dumps gives, or a re-run would make everythin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -56,3 +57,19 @@ def test_a_known_key_never_changes():
     params = GenParams(model="tiny", width=64, height=64, steps=3)
     item = PromptItem(prompt="a red fox in snow", seed=derived_seed("a red fox in snow"))
     assert (item.seed, item_key(params, item)) == (682796420, "9d87be02447507abd550232f")
+
+
+def test_a_parameter_added_later_leaves_every_existing_key_as_it_was():
+    """A new generation parameter (a scheduler, say) with its default keeps old items' keys, so a
+    campaign resumed after the upgrade redoes nothing; set to anything else it is new work."""
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class WithScheduler(GenParams):
+        scheduler: str = "euler"
+
+    item = PromptItem(prompt="a red fox in snow", seed=derived_seed("a red fox in snow"))
+    old = item_key(GenParams(model="tiny", width=64, height=64, steps=3), item)
+    assert old == "9d87be02447507abd550232f"
+    assert item_key(WithScheduler(model="tiny", width=64, height=64, steps=3), item) == old
+    changed = item_key(WithScheduler(model="tiny", width=64, height=64, steps=3, scheduler="dpm++"), item)
+    assert changed != old and len(changed) == KEY_CHARS
