@@ -13,7 +13,8 @@ def forbidden() -> dict[str, tuple[str, ...]]:
     """room -> modules it must never import, read from docs/architecture.md's table: the rule the
     page states is the rule this test checks."""
     rules: dict[str, tuple[str, ...]] = {}
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    text = page.split("## Import rules", 1)[1].split("\n## ", 1)[0]
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) == 3 and cells[0].startswith("`"):
@@ -63,3 +64,32 @@ def test_no_fault_injection_in_the_product():
             found.append(str(path.relative_to(ROOT)))
     assert found == []
     assert "DIFFQ_FAULT" not in (ROOT / ".env.example").read_text()
+
+
+def test_the_rq_overrides_table_lists_every_override():
+    """docs/architecture.md's "Where diffq bends RQ" names every method diffq overrides in an
+    RQ class, and nothing it no longer overrides, for the rq version it names."""
+    import rq
+    from rq.job import Job
+    from rq.worker import Worker
+
+    from common.queues import LeanJob
+    from producer.dashboard import JSONWorker
+    from worker.group.leader import GroupWorker
+    from worker.serving.rqworker import DiffqWorker
+
+    def overrides(cls: type, base: type) -> set[str]:
+        return {name for name in vars(cls) if not name.startswith("__") and hasattr(base, name)}
+
+    found = {
+        (cls.__name__, name)
+        for cls, base in ((DiffqWorker, Worker), (GroupWorker, Worker), (LeanJob, Job), (JSONWorker, Worker))
+        for name in overrides(cls, base)
+    }
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("## Where diffq bends RQ", 1)[1].split("\n## ", 1)[0]
+    assert f"rq {rq.__version__}" in section, f"the table was checked against another rq than {rq.__version__}"
+    listed = set(re.findall(r"^\| `(\w+)` \| `(\w+)` \|", section, re.M))
+    assert found == listed, (
+        f"overridden, not in the table: {found - listed}; in the table, not overridden: {listed - found}"
+    )
