@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -92,4 +93,95 @@ def test_the_rq_overrides_table_lists_every_override():
     listed = set(re.findall(r"^\| `(\w+)` \| `(\w+)` \|", section, re.M))
     assert found == listed, (
         f"overridden, not in the table: {found - listed}; in the table, not overridden: {listed - found}"
+    )
+
+
+#: the libraries whose settings and private names the product may touch (the scan's roots)
+LIBRARIES = {
+    "torch",
+    "rq",
+    "rq_dashboard",
+    "huggingface_hub",
+    "diffusers",
+    "transformers",
+    "peft",
+    "redis",
+    "xfuser",
+    "os",
+}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _first_private(name: str) -> str | None:
+    segments = name.split(".")
+    for i, segment in enumerate(segments):
+        if segment.startswith("_") and not segment.startswith("__"):
+            return ".".join(segments[: i + 1])
+    return None
+
+
+def process_wide(path: Path) -> set[tuple[str, str]]:
+    """(what, kind) of one module: its writes to the environment or to a library's attributes,
+    and the private names of libraries it reaches."""
+    tree = ast.parse(path.read_text())
+    bound: dict[str, str] = {}  # local name -> the library path it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in LIBRARIES:
+                    bound[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in LIBRARIES:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def resolved(node: ast.AST) -> str | None:
+        name = _dotted(node)
+        root, _, rest = (name or "").partition(".")
+        return bound[root] + ("." + rest if rest else "") if root in bound else None
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found |= {
+                (_first_private(m), "private") for m in modules if m.split(".")[0] in LIBRARIES and _first_private(m)
+            }
+        elif isinstance(node, ast.Attribute):
+            name = resolved(node)
+            if name and not name.startswith("os.") and _first_private(name):
+                found.add((_first_private(name), "private"))
+            if node.attr == "_stopped_job_id":  # RQ's, read through the worker's own self
+                found.add(("rq.Worker._stopped_job_id", "private"))
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Subscript) and _dotted(target.value) == "os.environ":
+                    found.add((f"os.environ[{ast.literal_eval(target.slice)}]", "write"))
+                elif isinstance(target, ast.Attribute) and resolved(target):
+                    found.add((resolved(target), "write"))
+    return found
+
+
+def test_process_wide_state_and_private_apis_are_all_listed():
+    found = {
+        (str(path.relative_to(ROOT)), what, kind)
+        for room in ("common", "producer", "worker")
+        for path in sorted((ROOT / room).rglob("*.py"))
+        for what, kind in process_wide(path)
+    }
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("## Process-wide state and other libraries' private parts", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([\w/.]+)` \| `([^`]+)` \| (\w+) \|", section, re.M))
+    assert found == listed, (
+        f"in the code, not in the table: {found - listed}; in the table, not in the code: {listed - found}"
     )
