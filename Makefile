@@ -69,6 +69,7 @@ image-py311: image
 	@BASE_RELEASE=bookworm bash "$(CONTAINER_ENGINE)" base $(PY311_BASE)
 	@start=$$(date +%s); docker build -q $(IMAGE_ARGS) --build-arg BASE_IMAGE=$(PY311_BASE) -t diffq:py311 . >/dev/null && \
 	 echo "image diffq:py311 built in $$(( $$(date +%s) - start )) s: $$(docker run --rm --entrypoint python3 diffq:py311 --version)"
+	@docker image prune -f --filter label=org.opencontainers.image.title=diffq >/dev/null  # its untagged previous build
 
 test-compose: install image
 	$(BIN)/pytest -q tests/compose

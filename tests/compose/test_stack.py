@@ -142,6 +142,37 @@ def test_enqueue_and_wait_write_every_image_into_the_host_folder(stack: Stack):
         assert (png.stat().st_uid, png.stat().st_gid) == (OWNER, OWNER)
 
 
+def series(text: str, name: str) -> float:
+    """The sum of a Prometheus series' samples in ``text`` (every label set)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
+
+
+def test_metrics_for_a_fleet_from_the_metrics_service_and_every_worker(stack: Stack):
+    """The opt-in ``metrics`` service serves the queue's series on the host's 127.0.0.1; each
+    worker serves its own on the compose network (port 9200), as Prometheus would scrape them."""
+    stack.compose("--profile", "metrics", "up", "-d", "metrics", timeout=300)
+    host, port = stack.compose("port", "metrics", "9182").stdout.strip().rsplit(":", 1)
+    assert host == "127.0.0.1"
+
+    def scrape() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                return response.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return None
+
+    text = wait_for(scrape, 300, "the metrics service to answer", interval=1)
+    assert series(text, "diffq_images_written") == 13 and series(text, "diffq_complete") == 1, text
+    assert series(text, "diffq_workers") == 2
+    written = 0.0
+    for container in stack.containers("worker"):
+        read = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9200/metrics').read().decode())"
+        text = docker("exec", container, "python3", "-c", read)
+        assert series(text, "diffq_worker_up") == 1, text
+        written += series(text, "diffq_worker_images_written_total")
+    assert written == 13  # every image by exactly one worker's count
+
+
 def get(url: str, auth: tuple[str, str] | None) -> int:
     request = urllib.request.Request(url)
     if auth:

@@ -1,0 +1,93 @@
+"""README's Compose block, pasted into a shell on a fresh checkout of a host without GPUs, as a
+newcomer follows it: the version check, ``.env`` from the example (the editor sets what README's
+comment and docs/compose.md's "A host without GPUs" say to set), the data folder, ``up`` with
+four workers, ``enqueue``, ``wait``; the dashboard where the ssh tunnel would reach it.
+
+Run by ``make test-compose`` on the image it built. The checkout is a copy of the working tree
+in a folder of its own, so the project, ``.env`` and ``./data`` are a newcomer's, not the repo's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, assert_exactly_once
+from docs_blocks import at_site, block, run_block
+
+PASSWORDS = {"REDIS_PASSWORD": "readme-redis-password", "RQ_DASHBOARD_PASSWORD": "readme-dashboard-password"}
+#: what a newcomer types into .env on a CPU host, and where the docs tell them to
+CPU_HOST = {
+    "COMPOSE_FILE": "compose.yaml:compose.cpu.yaml",
+    "DIFFQ_MODEL": "tiny",
+    "DIFFQ_TORCH_INDEX_URL": "",
+    "DIFFQ_UID": str(os.getuid()),
+    "DIFFQ_GID": str(os.getgid()),
+}
+
+EDITOR = """\
+import re, sys
+path, settings = sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:])
+lines = open(path).read().splitlines()
+for name, value in settings.items():  # uncomment or replace the line, as a person would
+    at = [i for i, line in enumerate(lines) if re.match(rf"#? ?{name}=", line)]
+    assert at, f"{name} is not in .env.example"
+    lines[at[0]] = f"{name}={value}"
+open(path, "w").write("\\n".join(lines) + "\\n")
+"""
+
+
+def checkout(into: Path) -> Path:
+    """The working tree's files (tracked and untracked, none that git ignores) in a new folder."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    return into
+
+
+def test_readme_compose_block_runs_as_written_on_a_cpu_host(tmp_path: Path):
+    readme_block = block(ROOT / "README.md", "## Compose")
+    cpu_section = (ROOT / "docs" / "compose.md").read_text().split("## A host without GPUs", 1)[1].split("\n## ")[0]
+    for name in CPU_HOST:
+        assert name in cpu_section, f"docs/compose.md's CPU section no longer mentions {name}"
+    for name in PASSWORDS:
+        assert name in readme_block, f"README's Compose block no longer says to set {name}"
+    user, password = "diffq", PASSWORDS["RQ_DASHBOARD_PASSWORD"]
+    commands = at_site(
+        readme_block,
+        {  # the tunnel's far end is this host's 127.0.0.1:9181, where the test is already
+            "ssh -L 9181:127.0.0.1:9181 gpu-host": f"curl -fsS -o /dev/null -u {user}:{password} http://127.0.0.1:9181/"
+        },
+    )
+    home = checkout(tmp_path / f"diffq-readme-{os.getpid()}")  # the project: a name no earlier run left volumes under
+    (tmp_path / "edit.py").write_text(EDITOR)
+    settings = " ".join(f"{name}={value}" for name, value in {**PASSWORDS, **CPU_HOST}.items())
+    editor = tmp_path / "editor"  # `$EDITOR .env`: the newcomer's edits, made by a script
+    editor.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "edit.py"} "$1" {settings}\n')
+    editor.chmod(0o755)
+    env = {**os.environ, "EDITOR": str(editor)}
+    for name in [n for n in env if n.startswith(("DIFFQ_", "COMPOSE_", "REDIS_", "RQ_"))]:
+        del env[name]  # nothing of the test's own environment stands in for .env
+    try:
+        ran = run_block(commands, home, env, timeout=1200)
+        assert ran.returncode == 0, f"exit {ran.returncode}\n{ran.stdout[-4000:]}\n{ran.stderr[-4000:]}"
+        assert "Docker Compose" in ran.stdout + ran.stderr  # the check said what it found
+        assert_exactly_once(home / "data" / "out", 13)
+        owners = {(p.stat().st_uid, p.stat().st_gid) for p in (home / "data" / "out").rglob("*.png")}
+        assert owners == {(os.getuid(), os.getgid())}
+        ps = subprocess.run(
+            ["docker", "compose", "ps", "-q", "worker"], cwd=home, env=env, capture_output=True, text=True
+        )
+        assert len(ps.stdout.split()) == 4, ps.stdout
+    finally:
+        subprocess.run(
+            ["docker", "compose", "down", "-v", "--timeout", "30"], cwd=home, env=env, capture_output=True, timeout=300
+        )
