@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-all test-fast test-workers test-compose test-slurm image image-py311 lint format clean
+.PHONY: install demo test test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -88,6 +88,11 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/hadolint Dockerfile
 	$(BIN)/python tests/docs_check.py
+	$(BIN)/python bench/figures.py --check
+
+# the measured figures in README and docs, rewritten from bench/results (bench/figures.py)
+docs: install
+	$(BIN)/python bench/figures.py --write
 
 format: install
 	$(BIN)/ruff format .

@@ -26,3 +26,28 @@ def test_the_check_finds_a_dead_link_a_renamed_test_and_a_missing_function(tmp_p
 
 def test_the_docs_pass_it():
     assert main() == 0
+
+
+def _figures():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "bench" / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_figure_typed_by_hand_fails_the_check_and_make_docs_rewrites_it(tmp_path):
+    figures = _figures()
+    assert figures.problems() == []  # every figure in the pages matches bench/results
+    page = tmp_path / "page.md"
+    page.write_text("fp8 made <!-- fig fp8.h100.fp8 -->1.5<!-- /fig --> img/s; <!-- fig nope -->1<!-- /fig -->\n")
+    figures.ROOT = tmp_path
+    found = figures.problems([page])
+    assert found == [
+        "page.md:1: fp8.h100.fp8 says '1.5', bench/results gives '1.206' (make docs)",
+        "page.md:1: no figure named nope in bench/figures.py",
+    ]
+    page.write_text("fp8 made <!-- fig fp8.h100.fp8 -->1.5<!-- /fig --> img/s\n")
+    assert figures.write([page]) == 1
+    assert page.read_text() == "fp8 made <!-- fig fp8.h100.fp8 -->1.206<!-- /fig --> img/s\n"

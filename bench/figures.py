@@ -1,0 +1,111 @@
+"""Measured figures in README and docs, from one source: the raw lines in ``bench/results/``.
+
+A page writes a figure as ``<!-- fig NAME -->TEXT<!-- /fig -->`` (the comments do not render);
+TEXT is what :data:`FIGURES` computes for NAME from the results files. ``make docs`` rewrites
+every figure from the files; ``make lint`` runs ``--check``, which prints ``FILE:LINE: NAME says
+TEXT, bench/results gives VALUE`` for each figure that drifted, or names an unknown figure, and
+exits 1. A new measurement is a new results file and a new entry here, never a number typed
+into a page.
+
+    python bench/figures.py --check     # make lint
+    python bench/figures.py --write     # make docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FIGURE = re.compile(r"<!-- fig ([\w.-]+) -->(.*?)<!-- /fig -->")
+
+
+@cache
+def _lines(name: str) -> tuple[dict[str, Any], ...]:
+    path = RESULTS / name
+    return tuple(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+
+
+def _one(name: str, **match: Any) -> dict[str, Any]:
+    """The single line of results file ``name`` whose fields equal ``match``."""
+    found = [line for line in _lines(name) if all(line.get(k) == v for k, v in match.items())]
+    if len(found) != 1:
+        raise LookupError(f"{name}: {len(found)} lines match {match}, not 1")
+    return found[0]
+
+
+def _rate(name: str, tag: str) -> float:
+    return _one(name, tag=tag, kind="queue")["steady_img_per_s"]
+
+
+def _fp8(machine: str) -> dict[str, Callable[[], str]]:
+    calls = {"h100": "h100-fp8-call1.jsonl", "h200": "h200-fp8-call1.jsonl"}
+    name = calls[machine]
+    return {
+        f"fp8.{machine}.fp16": lambda: f"{_rate(name, 'fp16'):.3f}",
+        f"fp8.{machine}.fp8": lambda: f"{_rate(name, 'fp8'):.3f}",
+        f"fp8.{machine}.gain": lambda: f"{_rate(name, 'fp8') / _rate(name, 'fp16'):.2f}×",
+        f"fp8.{machine}.psnr": lambda: f"{_one(name, kind='quality')['psnr_mean_db']:.1f} dB",
+    }
+
+
+#: every figure a page may name, computed from bench/results
+FIGURES: dict[str, Callable[[], str]] = {**_fp8("h100"), **_fp8("h200")}
+
+
+def problems(pages: list[Path] = PAGES) -> list[str]:
+    out = []
+    for page in pages:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for name, text in FIGURE.findall(line):
+                where = f"{page.relative_to(ROOT)}:{number}"
+                if name not in FIGURES:
+                    out.append(f"{where}: no figure named {name} in bench/figures.py")
+                elif text != (value := FIGURES[name]()):
+                    out.append(f"{where}: {name} says {text!r}, bench/results gives {value!r} (make docs)")
+    return out
+
+
+def write(pages: list[Path] = PAGES) -> int:
+    """Every figure of ``pages`` rewritten from the results; returns how many changed."""
+    changed = 0
+
+    def fill(match: re.Match[str]) -> str:
+        nonlocal changed
+        value = FIGURES[match[1]]()
+        changed += value != match[2]
+        return f"<!-- fig {match[1]} -->{value}<!-- /fig -->"
+
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        new = FIGURE.sub(fill, text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+    return changed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail on a figure that differs from bench/results")
+    parser.add_argument("--write", action="store_true", help="rewrite every figure from bench/results")
+    args = parser.parse_args()
+    if args.write:
+        print(f"figures: {write()} rewritten from bench/results")
+    found = problems()
+    for problem in found:
+        print(problem)
+    if not found:
+        print(f"figures: every figure in {len(PAGES)} pages matches bench/results")
+    sys.exit(1 if found else 0)
+
+
+if __name__ == "__main__":
+    main()
