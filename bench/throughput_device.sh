@@ -19,12 +19,12 @@ for phase in "$@"; do
       TIMEFORMAT="%R s"
       for i in 1 2; do
         { echo -n "torch + CUDA context: "; time python3 -c "import torch; torch.zeros(1, device='cuda')"; } 2>&1 | tee -a $OUT/startup.txt
-        { echo -n "worker imports: "; time python3 -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 \
+        { echo -n "worker imports: "; time python3 -c "import worker.pipelines.warm, worker.serving.rqworker"; } 2>&1 \
           | tee -a $OUT/startup.txt
       done
       { echo -n "worker imports, torchao on the path: "; time PYTHONPATH=/tmp/site-fp8:$PYTHONPATH \
-          python3 -W ignore -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/startup.txt
-      python3 -X importtime -c "import worker.pipelines.cache, worker.serving.rqworker" 2> $OUT/importtime.txt
+          python3 -W ignore -c "import worker.pipelines.warm, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/startup.txt
+      python3 -X importtime -c "import worker.pipelines.warm, worker.serving.rqworker" 2> $OUT/importtime.txt
       sort -t'|' -k2 -n -r $OUT/importtime.txt | head -25 >> $OUT/startup.txt ;;
     pyc)  # is a worker's slow start the image's missing bytecode? imports before and after compiling it
       SP=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
@@ -34,10 +34,10 @@ for phase in "$@"; do
         python3 -c "import time; t = time.perf_counter(); sum(i * i for i in range(10**7)); print(f'pure-Python loop 1e7: {time.perf_counter() - t:.2f} s')"
       } 2>&1 | tee -a $OUT/pyc.txt
       TIMEFORMAT="%R s"
-      { echo -n "worker imports, the image as it is: "; time python3 -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/pyc.txt
+      { echo -n "worker imports, the image as it is: "; time python3 -c "import worker.pipelines.warm, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/pyc.txt
       { echo -n "bytecode for site-packages into /tmp/pyc: "; time PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m compileall -q -j 12 $SP /tmp/site $PWD/common $PWD/worker >/dev/null 2>&1; } 2>&1 | tee -a $OUT/pyc.txt
-      for i in 1 2; do { echo -n "worker imports, bytecode in /tmp/pyc: "; time PYTHONPYCACHEPREFIX=/tmp/pyc python3 -c "import worker.pipelines.cache, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/pyc.txt; done
-      PYTHONPYCACHEPREFIX=/tmp/pyc python3 -X importtime -c "import worker.pipelines.cache, worker.serving.rqworker" 2> $OUT/importtime-pyc.txt
+      for i in 1 2; do { echo -n "worker imports, bytecode in /tmp/pyc: "; time PYTHONPYCACHEPREFIX=/tmp/pyc python3 -c "import worker.pipelines.warm, worker.serving.rqworker"; } 2>&1 | tee -a $OUT/pyc.txt; done
+      PYTHONPYCACHEPREFIX=/tmp/pyc python3 -X importtime -c "import worker.pipelines.warm, worker.serving.rqworker" 2> $OUT/importtime-pyc.txt
       sort -t'|' -k2 -n -r $OUT/importtime-pyc.txt | head -12 >> $OUT/pyc.txt ;;
     regions)  # a compiled UNet step by region; the whole UNet and the VAE decoder compiled (bench/regions.py)
       timeout ${REGIONS_S:-400} python3 bench/regions.py --out $R --budget-s ${REGIONS_S:-400} 2>&1 | grep -v Warning > $OUT/regions.log ;;

@@ -111,18 +111,18 @@ def install_worker_faults() -> None:
         task._save = save
     oom_above, block = env.get("DIFFQ_FAULT_OOM_ABOVE"), env.get("DIFFQ_FAULT_BLOCK_DECODE")
     if oom_above or block:
-        from worker.pipelines.cache import PipelineCache
+        from worker.pipelines.warm import WarmPipelines
 
-        real_generate = PipelineCache.generate
+        real_generate = WarmPipelines.generate
 
-        def generate(self: PipelineCache, loaded: Any, *args: Any, **kwargs: Any) -> Any:
+        def generate(self: WarmPipelines, loaded: Any, *args: Any, **kwargs: Any) -> Any:
             if oom_above:
                 install_oom_fault(loaded.pipe, int(oom_above))
             if block:
                 block_in_c(Path(block))
             return real_generate(self, loaded, *args, **kwargs)
 
-        PipelineCache.generate = generate  # type: ignore[method-assign]
+        WarmPipelines.generate = generate  # type: ignore[method-assign]
 
 
 def install_group_faults() -> None:

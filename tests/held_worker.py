@@ -61,9 +61,9 @@ def install() -> None:
 
         task._record = record  # type: ignore[assignment]
     if load_flag:
-        from worker.pipelines.cache import PipelineCache
+        from worker.pipelines.warm import WarmPipelines
 
-        real_get = PipelineCache.get
+        real_get = WarmPipelines.get
 
         def get(self, model, on_progress=None):  # type: ignore[no-untyped-def]
             if model not in getattr(self, "_held", set()):
@@ -71,7 +71,7 @@ def install() -> None:
                 hold(load_flag, "loading")
             return real_get(self, model, on_progress)
 
-        PipelineCache.get = get  # type: ignore[method-assign]
+        WarmPipelines.get = get  # type: ignore[method-assign]
     if writer_flag:
         from worker.serving.overlap import Writer
 

@@ -12,19 +12,19 @@ import torch
 from common.errors import AdapterNotFound, ModelLoadError
 from common.jobspec import GenParams
 from worker.pipelines import adapter_weights
-from worker.pipelines.cache import PipelineCache
 from worker.pipelines.generate import run_batch
 from worker.pipelines.models import DORA_TARGETS
+from worker.pipelines.warm import WarmPipelines
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=3)
 
 
 @pytest.fixture(scope="module")
-def cache(cache_dir) -> PipelineCache:
-    return PipelineCache(str(cache_dir), device="cpu")
+def cache(cache_dir) -> WarmPipelines:
+    return WarmPipelines(str(cache_dir), device="cpu")
 
 
-def render(cache: PipelineCache, adapter: str | None, scale: float = 1.0) -> np.ndarray:
+def render(cache: WarmPipelines, adapter: str | None, scale: float = 1.0) -> np.ndarray:
     loaded, _ = cache.get("tiny")
     cache.use_adapter(loaded, adapter, scale)
     result = run_batch(loaded.pipe, PARAMS, ["a red fox"], [""], [7])
@@ -40,7 +40,7 @@ def test_dora_adapter_changes_the_image_and_switching_back_restores_it(cache):
 
 
 def test_adapter_is_loaded_once_and_switched_not_reloaded(cache_dir, monkeypatch):
-    cache = PipelineCache(str(cache_dir), device="cpu")  # a fresh worker's cache: nothing loaded yet
+    cache = WarmPipelines(str(cache_dir), device="cpu")  # a fresh worker's cache: nothing loaded yet
     loaded, _ = cache.get("tiny")
     reads, peft_loads = [], []
     original = adapter_weights.read
@@ -72,7 +72,7 @@ def make_lora(folder: Path, model_dir: Path, targets: list[str], *, alpha: int, 
 
 def merged_weights(cache_dir: Path, adapter: str, monkeypatch, *, peft: bool) -> dict[str, torch.Tensor]:
     """The UNet's weights with ``adapter`` merged at scale 0.7, by the direct reader or by PEFT."""
-    cache = PipelineCache(str(cache_dir), device="cpu")
+    cache = WarmPipelines(str(cache_dir), device="cpu")
     loaded, _ = cache.get("tiny")
     with monkeypatch.context() as patch:
         if peft:
@@ -95,7 +95,7 @@ def test_the_direct_merge_is_peft_s_merge(cache_dir, tmp_path, monkeypatch, kind
         )
     direct = merged_weights(cache_dir, adapter, monkeypatch, peft=False)
     through_peft = merged_weights(cache_dir, adapter, monkeypatch, peft=True)
-    plain = PipelineCache(str(cache_dir), device="cpu").get("tiny")[0].pipe.unet.state_dict()
+    plain = WarmPipelines(str(cache_dir), device="cpu").get("tiny")[0].pipe.unet.state_dict()
     assert direct.keys() == through_peft.keys()
     changed = [k for k in direct if not torch.equal(direct[k], plain[k])]
     targets = tuple(f"{name}.weight" for name in DORA_TARGETS)
@@ -107,7 +107,7 @@ def test_the_direct_merge_is_peft_s_merge(cache_dir, tmp_path, monkeypatch, kind
 def test_what_the_direct_reader_leaves_to_peft(cache_dir, tmp_path, monkeypatch, caplog):
     """A LoRA on convolutions is PEFT's: it still loads and changes the image, the log says why."""
     folder = make_lora(tmp_path / "conv", cache_dir / "models" / "tiny", ["conv1"], alpha=4, metadata=False)
-    cache = PipelineCache(str(cache_dir), device="cpu")
+    cache = WarmPipelines(str(cache_dir), device="cpu")
     plain = render(cache, None)
     with caplog.at_level(logging.INFO, logger="diffq.worker"):
         changed = render(cache, str(folder))
@@ -134,4 +134,4 @@ def test_missing_adapter_and_unknown_model_fail_with_a_reason(cache, tmp_path):
     with pytest.raises(AdapterNotFound, match="not found on this worker"):
         cache.use_adapter(loaded, str(tmp_path / "missing"), 1.0)
     with pytest.raises(ModelLoadError, match="cannot be loaded"):
-        PipelineCache(str(tmp_path), device="cpu")._load(str(tmp_path / "no-model-here"))
+        WarmPipelines(str(tmp_path), device="cpu")._load(str(tmp_path / "no-model-here"))

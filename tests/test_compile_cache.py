@@ -22,10 +22,10 @@ HOST = """
 import json, sys, torch
 from torch._dynamo.utils import counters
 from common.settings import Settings
-from worker.pipelines.cache import PipelineCache
+from worker.pipelines.warm import WarmPipelines
 
 settings = Settings.load(cache_dir=sys.argv[1], compile_cache=sys.argv[2])
-PipelineCache(settings.cache_dir, "cpu", "float32", "none", compile_cache=settings.compile_cache_url())
+WarmPipelines(settings.cache_dir, "cpu", "float32", "none", compile_cache=settings.compile_cache_url())
 module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
 with torch.inference_mode():
     torch.compile(module, fullgraph=True, dynamic=False)(torch.randn(8, 16))

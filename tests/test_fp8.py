@@ -23,8 +23,8 @@ from common.queues import get_queue
 from producer.status import _running
 from worker.pipelines import fp8
 from worker.pipelines.backend import Batch
-from worker.pipelines.cache import PipelineCache
 from worker.pipelines.speedups import Speedups
+from worker.pipelines.warm import WarmPipelines
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=4, guidance=5.0)
 SMALL = {"DIFFQ_FP8_MIN_FEATURES": "32", "DIFFQ_FP8_MIN_ROWS": "64"}
@@ -45,7 +45,7 @@ def fp8_cache(tmp_path_factory, cache_dir) -> Path:
     return folder
 
 
-def images(cache: PipelineCache, adapter: str | None = None) -> list[np.ndarray]:
+def images(cache: WarmPipelines, adapter: str | None = None) -> list[np.ndarray]:
     loaded, _ = cache.get("tiny")
     cache.use_adapter(loaded, adapter, 1.0)
     prompts = ["a red fox in the snow", "a lighthouse at night"]
@@ -93,9 +93,9 @@ def test_zero_activations_give_zeros_not_nan():
 def test_fp8_images_stay_close_to_the_fp32_ones_and_leave_the_short_and_text_layers_alone(
     small_layers, fp8_cache, caplog
 ):
-    plain = images(PipelineCache(str(fp8_cache), device="cpu"))
+    plain = images(WarmPipelines(str(fp8_cache), device="cpu"))
     with caplog.at_level("INFO", logger="diffq.worker"):
-        cache = PipelineCache(str(fp8_cache), device="cpu", precision="fp8")
+        cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
         quantized = images(cache)
     assert "fp8: calibrating tiny" in caplog.text
     pipe = cache.get("tiny")[0].pipe
@@ -112,11 +112,11 @@ def test_fp8_images_stay_close_to_the_fp32_ones_and_leave_the_short_and_text_lay
 
 
 def test_a_second_worker_loads_the_hosts_scales_instead_of_calibrating(small_layers, fp8_cache, caplog, monkeypatch):
-    images(PipelineCache(str(fp8_cache), device="cpu", precision="fp8"))  # calibrated here if not before
+    images(WarmPipelines(str(fp8_cache), device="cpu", precision="fp8"))  # calibrated here if not before
     calibrations = []
     monkeypatch.setattr(fp8, "calibrate", lambda *args: calibrations.append(args) or {})
     with caplog.at_level("INFO", logger="diffq.worker"):
-        images(PipelineCache(str(fp8_cache), device="cpu", precision="fp8"))
+        images(WarmPipelines(str(fp8_cache), device="cpu", precision="fp8"))
     assert calibrations == [] and "static per-tensor scales (loaded)" in caplog.text
 
 
@@ -124,7 +124,7 @@ def test_an_unreadable_scale_file_is_calibrated_again_with_one_warning(small_lay
     shutil.copytree(cache_dir, tmp_path, dirs_exist_ok=True)
     (tmp_path / fp8.SCALES_FILE).write_text('{"half a fi')
     with caplog.at_level("INFO", logger="diffq.worker"):
-        images(PipelineCache(str(tmp_path), device="cpu", precision="fp8"))
+        images(WarmPipelines(str(tmp_path), device="cpu", precision="fp8"))
     assert "unreadable" in caplog.text and "calibrating tiny" in caplog.text
     assert json.loads((tmp_path / fp8.SCALES_FILE).read_text())  # whole again
 
@@ -132,9 +132,9 @@ def test_an_unreadable_scale_file_is_calibrated_again_with_one_warning(small_lay
 def test_an_adapter_merged_into_an_fp8_worker_is_what_its_fp8_layers_compute(small_layers, fp8_cache):
     """Adapters merge into the fp16 weights; the FP8 copies follow, so a DoRA job under fp8 is
     the DoRA image (near the unquantized one), not the base model's."""
-    base = PipelineCache(str(fp8_cache), device="cpu")
+    base = WarmPipelines(str(fp8_cache), device="cpu")
     want = images(base, "tiny-dora")
-    cache = PipelineCache(str(fp8_cache), device="cpu", precision="fp8")
+    cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
     without = images(cache)
     with_adapter = images(cache, "tiny-dora")
     merged = cache.get("tiny")[0].merged

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import huggingface_hub._snapshot_download as snapshot
 
-from worker.pipelines.cache import PipelineCache
 from worker.pipelines.loading import download_progress
+from worker.pipelines.warm import WarmPipelines
 
 
 def test_download_bytes_are_reported_every_ten_percent():
@@ -25,5 +25,5 @@ def test_download_bytes_are_reported_every_ten_percent():
 
 def test_a_load_reports_what_it_does_then_clears_it(cache_dir):
     seen: list[str | None] = []
-    PipelineCache(str(cache_dir), device="cpu").get("tiny", on_progress=seen.append)
+    WarmPipelines(str(cache_dir), device="cpu").get("tiny", on_progress=seen.append)
     assert seen == ["loading model tiny", None]

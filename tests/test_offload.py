@@ -26,10 +26,10 @@ from common.errors import ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.queues import get_queue
 from common.settings import Settings
-from worker.pipelines.cache import PipelineCache
 from worker.pipelines.generate import run_batch
 from worker.pipelines.memory import Budget, GiB, Profiles, candidates, largest_batch
 from worker.pipelines.offload import weights_in_place
+from worker.pipelines.warm import WarmPipelines
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=3)
 
@@ -108,13 +108,13 @@ def test_profiles_persist_merge_between_workers_and_survive_a_bad_file(tmp_path,
 
 
 @pytest.fixture
-def auto_cache(cache_dir, tmp_path) -> PipelineCache:
-    cache = PipelineCache(str(tmp_path / "cache"), device="cpu", offload="none")
+def auto_cache(cache_dir, tmp_path) -> WarmPipelines:
+    cache = WarmPipelines(str(tmp_path / "cache"), device="cpu", offload="none")
     cache.offload = "auto"
     return cache
 
 
-def give_peaks(cache: PipelineCache, model: str, offload: str, levers: str, peaks: dict[int, int]) -> None:
+def give_peaks(cache: WarmPipelines, model: str, offload: str, levers: str, peaks: dict[int, int]) -> None:
     """Peaks as a GPU worker records them for ``model`` at its own size (tiny: 64²)."""
     assert cache.budget is not None
     params = GenParams(model=model, width=64, height=64, guidance=5.0)
@@ -161,7 +161,7 @@ def test_the_batch_comes_from_the_profile_and_the_job_result_says_which(auto_cac
 
 def test_sequential_offload_needs_a_gpu_and_settings_refuse_a_typo(cache_dir, monkeypatch):
     with pytest.raises(ConfigError, match="--offload sequential streams weights to a GPU"):
-        PipelineCache(str(cache_dir), device="cpu", offload="sequential")
+        WarmPipelines(str(cache_dir), device="cpu", offload="sequential")
     monkeypatch.setenv("DIFFQ_OFFLOAD", "cpu")
     with pytest.raises(ConfigError, match="--offload 'cpu': use one of auto, none, model, sequential"):
         Settings.load()
@@ -200,15 +200,15 @@ def test_offload_hooks_come_off_for_an_adapter_change_and_go_back_even_when_it_f
     assert resident.calls == ["merge"]
 
 
-def render(cache: PipelineCache, adapter: str | None) -> np.ndarray:
+def render(cache: WarmPipelines, adapter: str | None) -> np.ndarray:
     loaded, _ = cache.get("tiny")
     cache.use_adapter(loaded, adapter, 1.0)
     return np.asarray(run_batch(loaded.pipe, PARAMS, ["a red fox"], [""], [7]).images[0], dtype=np.float32)
 
 
 def test_model_offload_runs_the_hooks_and_switches_adapters_like_the_resident_pipeline(cache_dir):
-    resident = PipelineCache(str(cache_dir), device="cpu", offload="none")
-    offloaded = PipelineCache(str(cache_dir), device="cpu", offload="model")
+    resident = WarmPipelines(str(cache_dir), device="cpu", offload="none")
+    offloaded = WarmPipelines(str(cache_dir), device="cpu", offload="model")
     loaded, _ = offloaded.get("tiny")
     assert loaded.offload == "model"
     assert hasattr(loaded.pipe.unet, "_hf_hook")  # accelerate's hook moves it in for its turn
@@ -249,7 +249,7 @@ def test_a_worker_with_model_offload_drains_a_campaign_and_records_its_batch(
 def test_a_model_that_does_not_fit_is_the_workers_problem_not_the_jobs(cache_dir, monkeypatch):
     """An out-of-memory error while loading gives the job back (ModelLoadError) with what to do;
     before, it failed the job, and each retry on the same worker ran out again."""
-    cache = PipelineCache(str(cache_dir), device="cpu")
+    cache = WarmPipelines(str(cache_dir), device="cpu")
 
     def too_big(model: str) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 26.00 MiB")
@@ -273,5 +273,5 @@ def test_sdxl_random_is_drawn_in_its_dtype_where_an_fp32_draw_does_not_fit(cache
         return "pipeline"
 
     monkeypatch.setattr(models, "sdxl_random", build)
-    assert PipelineCache(str(cache_dir), device="cpu")._load("sdxl-random") == "pipeline"
+    assert WarmPipelines(str(cache_dir), device="cpu")._load("sdxl-random") == "pipeline"
     assert calls == [False, True]

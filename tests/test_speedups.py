@@ -17,10 +17,10 @@ import torch
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS as CUDA_DEFAULT
 from worker.pipelines.backend import Batch
-from worker.pipelines.cache import PipelineCache
 from worker.pipelines.generate import run_batch
 from worker.pipelines.precompiled import Precompiled
 from worker.pipelines.speedups import Speedups
+from worker.pipelines.warm import WarmPipelines
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
 
@@ -29,7 +29,7 @@ def pixels(image) -> np.ndarray:
     return np.asarray(image, dtype=np.float32)
 
 
-def job(cache: PipelineCache, n: int, adapter=None, scale=1.0, max_batch=4, heard: list | None = None):
+def job(cache: WarmPipelines, n: int, adapter=None, scale=1.0, max_batch=4, heard: list | None = None):
     """What a worker does for one job: the adapter, then the batch (split at ``max_batch``)."""
     loaded, _ = cache.get("tiny")
     cache.use_adapter(loaded, adapter, scale)
@@ -48,7 +48,7 @@ def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_
     padded up to it, a DoRA adapter (which failed on compiled blocks before adapters were
     merged), scale changes and switching back to none run on the graphs that exist. An
     out-of-memory cap compiles the halves' size once, not once per part."""
-    cache = PipelineCache(str(cache_dir), device="cpu", speedups="compile-blocks")
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="compile-blocks")
     heard: list = []
     first = job(cache, 4, heard=heard)
     assert first.compiles > 0
@@ -68,8 +68,8 @@ def test_compile_unet_matches_eager_and_builds_no_graph_after_warm_up_across_tai
     """The whole UNet as one graph: pixels within 2/255 of eager, and after the warm-up no
     graph at all: not for a tail chunk, nor the first adapter merged into the weights, nor
     adapters switched off again (PEFT's wrappers are out of the model between switches)."""
-    eager = PipelineCache(str(cache_dir), device="cpu", speedups="none")
-    compiled = PipelineCache(str(cache_dir), device="cpu", speedups="compile-unet", compile_cache=redis_url)
+    eager = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    compiled = WarmPipelines(str(cache_dir), device="cpu", speedups="compile-unet", compile_cache=redis_url)
     reference, first = job(eager, 4), job(compiled, 4)
     assert first.compiles > 0
     assert isinstance(compiled.get("tiny")[0].pipe.unet.forward, Precompiled)
@@ -87,7 +87,7 @@ def test_compile_unet_matches_eager_and_builds_no_graph_after_warm_up_across_tai
     for host in ("restarted", "new"):
         if host == "new":
             shutil.rmtree(compiled.precompiled.folder)
-        again = PipelineCache(str(cache_dir), device="cpu", speedups="compile-unet", compile_cache=redis_url)
+        again = WarmPipelines(str(cache_dir), device="cpu", speedups="compile-unet", compile_cache=redis_url)
         plain, adapted = job(again, 4), job(again, 4, "tiny-dora")
         assert (plain.compiles, adapted.compiles, again.precompiled.loaded) == (0, 0, 1)
         assert all(np.array_equal(pixels(a), pixels(b)) for a, b in zip(plain.images, first.images, strict=True))
@@ -98,12 +98,12 @@ def test_merged_adapters_match_peft_unmerged_forward_and_switch_back_exactly(cac
     """Merging changes where the adapter's arithmetic happens, not the image: against PEFT's own
     unmerged forward (set_adapters on a second pipeline), within 2/255; none after an adapter is
     the plain image bit for bit (pristine weights, no fp drift from unmerging)."""
-    merged = PipelineCache(str(cache_dir), device="cpu")
+    merged = WarmPipelines(str(cache_dir), device="cpu")
     plain = pixels(job(merged, 2).images[1])
     ours = {(a, s): pixels(job(merged, 2, a, s).images[1]) for a, s in [("tiny-dora", 1.0), ("tiny-dora", 0.4)]}
     assert np.array_equal(pixels(job(merged, 2).images[1]), plain)
 
-    reference = PipelineCache(str(cache_dir), device="cpu")
+    reference = WarmPipelines(str(cache_dir), device="cpu")
     loaded, _ = reference.get("tiny")
     loaded.pipe.load_lora_weights(str(cache_dir / "adapters" / "tiny-dora"), adapter_name="ref")
     for (_adapter, scale), image in ours.items():
@@ -125,7 +125,7 @@ def test_cudnn_benchmark_is_switched_on_by_its_lever_only(cache_dir, monkeypatch
     from worker.pipelines.speedups import apply
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    loaded, _ = PipelineCache(str(cache_dir), device="cpu").get("tiny")
+    loaded, _ = WarmPipelines(str(cache_dir), device="cpu").get("tiny")
     apply(loaded.pipe, Speedups.parse("vae-fp16", torch.device("cpu")))
     assert torch.backends.cudnn.benchmark is False
     apply(loaded.pipe, Speedups.parse("vae-fp16,cudnn-benchmark", torch.device("cpu")))
@@ -136,9 +136,9 @@ COMPILE_SCRIPT = """
 import sys
 from torch._dynamo.utils import counters
 from worker.pipelines.backend import Batch
-from worker.pipelines.cache import PipelineCache
+from worker.pipelines.warm import WarmPipelines
 from common.jobspec import GenParams
-cache = PipelineCache(sys.argv[1], device="cpu", speedups="compile-blocks")
+cache = WarmPipelines(sys.argv[1], device="cpu", speedups="compile-blocks")
 loaded, _ = cache.get("tiny")
 params = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
 result, _ = cache.generate(loaded, Batch(params, ["a red fox"] * 4, [""] * 4, [1, 2, 3, 4], max_batch=4))
@@ -176,9 +176,9 @@ import sys
 import torch._inductor.config as inductor
 inductor.cpp.cxx = ("/nonexistent-cc",)  # what a slim image without gcc looks like to Inductor
 from worker.pipelines.backend import Batch
-from worker.pipelines.cache import PipelineCache
+from worker.pipelines.warm import WarmPipelines
 from common.jobspec import GenParams
-cache = PipelineCache(sys.argv[1], device="cpu", speedups="compile-blocks")
+cache = WarmPipelines(sys.argv[1], device="cpu", speedups="compile-blocks")
 loaded, _ = cache.get("tiny")
 params = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)
 for n in (2, 3):
@@ -250,8 +250,8 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
 @pytest.mark.long
 @pytest.mark.slow
 def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(cache_dir):
-    eager = PipelineCache(str(cache_dir), device="cpu", speedups="none")
-    compiled = PipelineCache(str(cache_dir), device="cpu", speedups="compile-vae")
+    eager = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    compiled = WarmPipelines(str(cache_dir), device="cpu", speedups="compile-vae")
     reference = job(eager, 4)
     first = job(compiled, 4)
     assert first.compiles > 0

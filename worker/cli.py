@@ -168,11 +168,11 @@ def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
 
 def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     # torch and diffusers are imported here, after the launcher has set CUDA_VISIBLE_DEVICES
-    from worker.pipelines.cache import PipelineCache
+    from worker.pipelines.warm import WarmPipelines
     from worker.serving.rqworker import EXIT_LEASE_LOST, DiffqWorker, worker_name
     from worker.serving.runtime import Runtime
 
-    pipelines = PipelineCache.from_settings(settings)
+    pipelines = WarmPipelines.from_settings(settings)
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
     # force: a leasing worker configured logging before it knew its GPU (label "lease")

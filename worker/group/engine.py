@@ -28,8 +28,8 @@ from common.jobspec import GenParams
 from common.settings import Settings
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
-from worker.pipelines.cache import LoadedPipeline, PipelineCache
 from worker.pipelines.generate import BatchResult, is_flux, is_oom, run_split
+from worker.pipelines.warm import LoadedPipeline, WarmPipelines
 from worker.serving.failures import classify
 
 log = logging.getLogger("diffq.group")
@@ -56,7 +56,7 @@ class RankEngine:
         speedups = settings.speedups
         if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
             speedups = GROUP_CUDA_DEFAULT
-        self.pipelines = PipelineCache.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
+        self.pipelines = WarmPipelines.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None
         if layout.cfg_parallel:

@@ -26,8 +26,8 @@ from common.processes import alive
 from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost
 from worker.group.engine import RankEngine
 from worker.pipelines.backend import Batch
-from worker.pipelines.cache import LoadedPipeline
 from worker.pipelines.generate import BatchResult
+from worker.pipelines.warm import LoadedPipeline
 from worker.serving.rqworker import DiffqWorker
 
 log = logging.getLogger("diffq.group")

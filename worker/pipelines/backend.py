@@ -1,5 +1,5 @@
 """What the job function needs from whatever makes its images: one process's warm pipelines
-(:class:`~worker.pipelines.cache.PipelineCache`) or an xDiT group spreading each batch over its
+(:class:`~worker.pipelines.warm.WarmPipelines`) or an xDiT group spreading each batch over its
 ranks (:class:`~worker.group.leader.GroupPipelines`). Both implement this; the job function
 (:mod:`worker.serving.task`) knows only this."""
 

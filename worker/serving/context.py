@@ -71,12 +71,12 @@ def current() -> JobContext:
 
 @cache
 def _plain_runtime() -> Runtime:
-    from worker.pipelines.cache import PipelineCache
+    from worker.pipelines.warm import WarmPipelines
 
     settings = Settings.load()
     log.warning(
         "diffq job run by a plain RQ worker: no heartbeats, no recovery of dead workers' jobs, no fenced "
         "recording; run `worker run` for those"
     )
-    pipelines = PipelineCache.from_settings(settings)
+    pipelines = WarmPipelines.from_settings(settings)
     return Runtime(settings, pipelines)

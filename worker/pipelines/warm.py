@@ -2,7 +2,7 @@
 name and switched by merging them into the weights rather than reloaded
 (:mod:`worker.pipelines.adapters`).
 
-This cache is the one piece of global mutable state in the worker, on purpose: loading SDXL
+These pipelines are the one piece of global mutable state in the worker, on purpose: loading SDXL
 takes tens of seconds, a job takes a few, so every job after the first must find it warm.
 """
 
@@ -80,7 +80,7 @@ class LoadedPipeline:
     warm: dict[tuple[int, int, bool], set[int]] = field(default_factory=dict)
 
 
-class PipelineCache:
+class WarmPipelines:
     """Warm pipelines for one device. Keeps ``max_models`` models (default 1: an SDXL UNet
     in fp16 is 5 GB, and a GPU serving one queue rarely needs two)."""
 
@@ -120,7 +120,7 @@ class PipelineCache:
         self.loads = 0
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> PipelineCache:
+    def from_settings(cls, settings: Settings, **overrides: Any) -> WarmPipelines:
         """The worker's pipelines as its settings say; ``overrides`` replace single arguments
         (an xDiT group takes its own speed levers and never offloads)."""
         options: dict[str, Any] = {
