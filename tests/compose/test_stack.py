@@ -94,7 +94,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         logs = stack.compose("logs", "--no-color", "worker", check=False).stdout
         (ROOT / "out").mkdir(exist_ok=True)
         (ROOT / "out" / "compose-workers.log").write_text(logs)
-        stack.compose("down", "-v", "--timeout", "30", check=False)
+        stack.compose("--profile", "metrics", "down", "-v", "--timeout", "30", check=False)  # the profile's service too
         shutil.rmtree(home, ignore_errors=True)
 
 
