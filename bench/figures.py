@@ -57,8 +57,17 @@ def _fp8(machine: str) -> dict[str, Callable[[], str]]:
     }
 
 
+def _chunk16() -> dict[str, Callable[[], str]]:
+    name = "h100-fp8-chunk16.jsonl"
+    return {
+        "fp8.h100.chunk16.fp16": lambda: f"{_rate(name, 'fp16-chunk16'):.3f}",
+        "fp8.h100.chunk16.fp8": lambda: f"{_rate(name, 'fp8-chunk16'):.3f}",
+        "fp8.h100.chunk16.gain": lambda: f"{_rate(name, 'fp8-chunk16') / _rate(name, 'fp16-chunk16'):.2f}×",
+    }
+
+
 #: every figure a page may name, computed from bench/results
-FIGURES: dict[str, Callable[[], str]] = {**_fp8("h100"), **_fp8("h200")}
+FIGURES: dict[str, Callable[[], str]] = {**_fp8("h100"), **_fp8("h200"), **_chunk16()}
 
 
 def problems(pages: list[Path] = PAGES) -> list[str]:
