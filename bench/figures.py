@@ -80,12 +80,25 @@ def _queue_share() -> str:
     return f"{min(shares):.1f}–{max(shares):.1f} %"
 
 
+def _cold_first_image(precision: str) -> str:
+    """Launch to first image on a machine with empty caches (every call in QUEUE_CALLS began fresh)."""
+    times = [
+        line["launch_to_first_image_s"]
+        for name in QUEUE_CALLS
+        for line in _lines(name)
+        if line.get("kind") == "queue" and line.get("precision") == [precision]
+    ]
+    return f"{min(times):.0f}–{max(times):.0f} s"
+
+
 #: every figure a page may name, computed from bench/results
 FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
     **_fp8("h200"),
     **_chunk16(),
     "queue.share": _queue_share,
+    "first-image.cold.fp16": lambda: _cold_first_image("fp16"),
+    "first-image.cold.fp8": lambda: _cold_first_image("fp8"),
 }
 
 
