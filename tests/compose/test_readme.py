@@ -58,6 +58,8 @@ def test_readme_compose_block_runs_as_written_on_a_cpu_host(tmp_path: Path):
     cpu_section = (ROOT / "docs" / "compose.md").read_text().split("## A host without GPUs", 1)[1].split("\n## ")[0]
     for name in CPU_HOST:
         assert name in cpu_section, f"docs/compose.md's CPU section no longer mentions {name}"
+    for name in ("COMPOSE_FILE", "DIFFQ_MODEL", "DIFFQ_TORCH_INDEX_URL"):
+        assert f"{name}=" in readme_block, f"README's Compose block no longer tells a CPU host to set {name}"
     for name in PASSWORDS:
         assert name in readme_block, f"README's Compose block no longer says to set {name}"
     user, password = "diffq", PASSWORDS["RQ_DASHBOARD_PASSWORD"]
