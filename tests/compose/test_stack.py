@@ -144,7 +144,10 @@ def test_enqueue_and_wait_write_every_image_into_the_host_folder(stack: Stack):
 
 def series(text: str, name: str) -> float:
     """The sum of a Prometheus series' samples in ``text`` (every label set)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(text)
+    return sum(sample.value for family in families for sample in family.samples if sample.name == name)
 
 
 def test_metrics_for_a_fleet_from_the_metrics_service_and_every_worker(stack: Stack):
