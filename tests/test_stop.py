@@ -42,6 +42,17 @@ from common.queues import paused_key
 pytestmark = pytest.mark.slow
 HELD = ROOT / "tests" / "held_worker.py"
 STATES = ("idle", "loading", "denoising", "writing", "paused")
+#: the worker's state (worker/serving/states.py) a second signal finds in each cell: a model loads
+#: inside its first job; a job's tail in the writer leaves the main thread waiting for the next
+#: job; a worker that was waiting (idle, writing) or paused may already be done (the first signal
+#: ended its loop, and teardown waits for the writer)
+DRAWN = {
+    "idle": ("waiting", "done"),
+    "loading": ("running",),
+    "denoising": ("running",),
+    "writing": ("waiting", "done"),
+    "paused": ("paused", "done"),
+}
 #: seconds from the (last) signal to the exit, by (redis up, signals): the promise plus slack
 LIMIT_S = {(True, 2): 5.0, (False, 2): 5.0, (False, 1): 40.0}
 
@@ -160,6 +171,10 @@ def run_matrix(env: dict[str, str], server: RedisServer, tmp_path: Path, small_d
             assert "Traceback" not in text, f"{cell.state}:\n{text[-3000:]}"
             assert "starting: importing torch" in text.splitlines()[0]  # said before the imports' silence
             assert text.count("loading model tiny") <= 1
+            if signals == 2 and cell.exited_after is not None and cell.proc.returncode == 1:
+                # the state the cold stop found is the one docs/architecture.md draws for the cell
+                found = [state for state in DRAWN[cell.state] if f"(was {state}): cold shutdown" in text]
+                assert found, f"{cell.state}: not one of {DRAWN[cell.state]}:\n{text[-3000:]}"
         if redis_up and signals == 1:  # idle and paused workers do not wait for anything
             assert took["idle"][0] < 10 and took["paused"][0] < 10, took
     finally:

@@ -90,11 +90,11 @@ class Keeper:
 
     def _renew_running(self) -> None:
         worker = self.worker
-        job = worker._running
-        if job is None:
+        now = worker._now  # one read: the job and its execution together (worker/serving/states.py)
+        if now is None:
             worker.heartbeat(worker.worker_ttl)  # idle or paused: still alive, for producer status
             return
-        execution = worker._running_execution
+        job, execution = now.job, now.execution
         if execution is None or worker._lost == job.id:
             return
         if worker.owns(job, execution):

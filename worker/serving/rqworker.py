@@ -4,27 +4,14 @@ fail jobs for its own environment.
 
 RQ's default ``Worker`` forks a work-horse per job: CUDA does not survive ``fork`` and the
 child would load the model again for every job. ``SimpleWorker`` runs jobs in-process, but
-then nothing refreshes the worker's and the job's heartbeats while a long job runs. Added here:
-
-- A keeper thread (:mod:`worker.serving.keeper`, its duties named there) renews the heartbeats
-  of the worker and the running execution every sixth of ``DIFFQ_HEARTBEAT_TTL``, re-queues
-  jobs of dead workers every third of it (see :mod:`worker.serving.recovery`) and moves retries
-  that are due back to the queue. It renews only an execution that is still in the started
-  registry: a worker that was stalled past the TTL finds its job given away and says so, and the
-  job function records nothing for it.
-- Signals (:mod:`worker.serving.signals`): the first Ctrl-C / SIGTERM finishes the current job and
-  takes no new one (exit 0); a second one, more than a second later, puts the job back at the
-  front of its queue without using a retry and exits 1 at once, even mid-decode.
-- Environment failures (:class:`~common.errors.WorkerUnavailable`): a full or read-only disk
-  gives the job back at the front and pauses the worker (:mod:`worker.serving.pause`), which
-  probes with backoff and goes on when the disk can take the next job; a model or adapter the
-  worker failed to load twice (:mod:`worker.serving.breaker`) gives its jobs back for other workers. Either shows in
-  ``producer status`` and as the worker's ``suspended`` state in rq-dashboard.
-- Overlap (:mod:`worker.serving.overlap`): a job's images are written and recorded on a writer
-  thread while the next job denoises; the worker completes the job in RQ once they are, with
-  that job's own execution, and keeps its heartbeat until then.
-- ``--burst`` does not quit while jobs of its queues wait in the scheduled registry for a retry
-  backoff or run on other workers (which may die and have their job re-queued).
+then nothing refreshes the heartbeats while a long job runs. Each addition has its module:
+the keeper's duties (:mod:`~worker.serving.keeper`), the states and the running job's record
+(:mod:`~worker.serving.states`), signals (:mod:`~worker.serving.signals`: the first finishes the
+job, a second gives it back at the front and exits at once), pauses for a full or read-only
+disk (:mod:`~worker.serving.pause`), models it failed to load (:mod:`~worker.serving.breaker`),
+and a job's tail written while the next job denoises (:mod:`~worker.serving.overlap`).
+docs/architecture.md draws the states and threads and lists every RQ method overridden here.
+``--burst`` does not quit while jobs of its queues wait for a retry or run on other workers.
 """
 
 from __future__ import annotations
@@ -32,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -40,6 +26,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from contextvars import Token
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -70,6 +57,7 @@ from worker.serving.pause import Pause
 from worker.serving.recovery import give_back, requeue_abandoned, unfinished_elsewhere
 from worker.serving.runtime import Runtime
 from worker.serving.signals import SignalWatcher
+from worker.serving.states import Running, State, States
 from worker.serving.task import JobLost, JobStopped
 from worker.supervision.lease import GpuLease
 
@@ -93,14 +81,6 @@ COLD_EXIT_PROMISE_S = 1.5
 #: the hard-exit timer: a third of the promise kept back for a loaded machine's scheduling (the
 #: timer itself was 1.5 s once, and exits were measured at 1.538 s)
 COLD_EXIT_S = 1.0
-
-
-def worker_name(gpu_label: str) -> str:
-    """Names show in rq-dashboard and ``producer status``: GPU first, then host and pid."""
-    host = socket.gethostname().split(".")[0]
-    label = gpu_label.replace(",", "+")
-    label = label if label.startswith("cpu") else f"gpu{label}"
-    return f"diffq-{label}-{host}-{os.getpid()}"
 
 
 class DiffqWorker(SimpleWorker):
@@ -127,10 +107,11 @@ class DiffqWorker(SimpleWorker):
         #: set by a subclass to end the work loop with this exit status after the current job
         self.exit_after_job: int | None = None
         self.paused: Pause | None = None
-        self._running: Job | None = None
-        self._running_queue: Queue | None = None
-        #: the running job's execution: RQ 3 keeps several per worker (the pending one's too)
-        self._running_execution: Execution | None = None
+        #: the state (worker/serving/states.py); only the main thread moves it, but for GONE
+        self.states = States(self.name)
+        #: the running job, its queue and execution (RQ 3 keeps several executions per worker,
+        #: the pending one's too), replaced whole by the main thread only: one read is consistent
+        self._now: Running | None = None
         self._lost: str | None = None  # id of a running job this worker no longer owns
         self._told: dict[str, int] = {}  # failure causes said, and how often they happened
         self._give_backs = 0  # jobs given back in a row (breaker), to wait between them
@@ -165,7 +146,9 @@ class DiffqWorker(SimpleWorker):
         """Remembers the running job's execution (RQ 3 keeps a worker's executions in a dict,
         and a handed-off job's stays there while the next one runs), and gives the job its
         context: it names this execution. :meth:`execute_job` takes the context away."""
-        execution = self._running_execution = super().prepare_execution(job)
+        execution = super().prepare_execution(job)
+        if self._now is not None and self._now.job is job:
+            self._now = replace(self._now, execution=execution)
         if self.runtime is not None:
             self._context = context.enter(self.job_context())
         return execution
@@ -191,10 +174,8 @@ class DiffqWorker(SimpleWorker):
     def teardown(self) -> None:
         """On the way out every Redis call is bounded (:data:`~common.queues.WAY_OUT`): what
         Redis does not hear of now comes back by the heartbeat, as after a SIGKILL."""
-        try:
-            self.finish_pending()
-        except redis.RedisError as exc:
-            log.warning("the job in the writer was not completed in RQ (%s); it comes back by its heartbeat", exc)
+        self.states.move(State.DONE)
+        self.finish_pending(on_the_way_out=True)
         if self._writer is not None:
             self._writer.shutdown()
         self.keeper.stop()
@@ -225,7 +206,7 @@ class DiffqWorker(SimpleWorker):
         (RQ's teardown, a job's completion): there the flag alone ends the loop. The watcher
         thread has already done the rest."""
         self._stop_requested = True
-        if self._waiting and self._running is None:
+        if self._waiting and self._now is None:
             raise StopRequested()
 
     def _warm_stop(self, signal_name: str) -> None:
@@ -234,32 +215,35 @@ class DiffqWorker(SimpleWorker):
         of retrying, the worker exits, and its job comes back by its heartbeat."""
         WAY_OUT.give_up_after(WARM_STOP_REDIS_S)
         self._stop_requested = True
-        job = self._running
-        doing = f"finishing job {job.id}, then exiting" if job is not None else "exiting"
+        now = self._now
+        doing = f"finishing job {now.job.id}, then exiting" if now is not None else "exiting"
         log.warning("%s: warm shutdown, %s (again for a cold one)", signal_name, doing)
 
     def stop_now(self, why: str) -> None:
         """A cold stop (a second signal, or the launcher gone): the job goes back at the front of
         its queue and the process ends now, whatever the main thread is in the middle of."""
-        job, queue = self._running, self._running_queue
+        now, was = self._now, self.states.now  # one read: the job, its queue and execution together
         self._cold = True
+        self.states.move(State.GONE)
         # exit in COLD_EXIT_S whatever happens below: Redis may be down, or hung
         timer = threading.Timer(COLD_EXIT_S, os._exit, (EXIT_COLD,))
         timer.daemon = True
         timer.start()
         WAY_OUT.give_up_after(COLD_EXIT_S / 2)
+        owned = now is not None and self._lost != now.job.id
+        # said before any Redis call: the timer may end the process while Redis is away
+        log.warning("%s (was %s): cold shutdown%s", why, was.value,
+                    f"; job {now.job.id} goes back to the front of its queue" if owned else "")  # fmt: skip
         try:
             self.give_back_pending(f"interrupted by a cold shutdown of {self.name} while writing; re-queued")
-            if job is not None and queue is not None and self._lost != job.id:
-                self.give_back(job, queue, f"interrupted by a cold shutdown of {self.name}; re-queued")
-                log.warning("%s: cold shutdown; job %s re-queued at the front", why, job.id)  # fmt: skip
-            else:
-                log.warning("%s: cold shutdown", why)
+            if owned:
+                reason = f"interrupted by a cold shutdown of {self.name}; re-queued"
+                self.give_back(now.job, now.queue, reason, execution=now.execution)
             self.register_death()
             if self.lease is not None:
                 self.lease.release()
         except redis.RedisError as exc:
-            log.warning("%s: cold shutdown; Redis did not answer (%s): the job comes back by its heartbeat",
+            log.warning("%s: Redis did not answer (%s): the job comes back by its heartbeat",
                         why, exc.__class__.__name__)  # fmt: skip
         finally:
             logging.shutdown()
@@ -279,8 +263,8 @@ class DiffqWorker(SimpleWorker):
         """The job this worker denoises now. RQ 3 answers with any of the worker's executions,
         and the one a handed-off job keeps while the writer saves it is one of them; RQ's
         ``stop-job`` command asks this before it stops anything."""
-        job = self._running
-        return job.id if job is not None else None
+        now = self._now
+        return now.job.id if now is not None else None
 
     def kill_horse(self, sig: signal.Signals = SHUTDOWN_SIGNAL) -> None:
         """RQ's ``stop-job`` and ``stop-execution`` end here (RQ has set ``_stopped_job_id``).
@@ -289,8 +273,8 @@ class DiffqWorker(SimpleWorker):
         failed, and does not retry it. Its items are not done: ``producer enqueue`` of their file
         queues them again."""
         job_id = self._stopped_job_id
-        running = self._running
-        if running is not None and running.id == job_id:
+        now = self._now
+        if now is not None and now.job.id == job_id:
             self._stop_job = job_id
             log.warning("job %s: stop asked for (RQ command); it stops at its next step", job_id)
         else:
@@ -306,7 +290,8 @@ class DiffqWorker(SimpleWorker):
     @property
     def running(self) -> tuple[Job | None, Queue | None]:
         """The job this worker runs now, and its queue (both None between jobs)."""
-        return self._running, self._running_queue
+        now = self._now
+        return (now.job, now.queue) if now is not None else (None, None)
 
     def give_back(
         self, job: Job, queue: Queue, reason: str, *, execution: Execution | None = None, at_front: bool = True
@@ -314,22 +299,24 @@ class DiffqWorker(SimpleWorker):
         """End this worker's execution of ``job`` (the running one unless told) and put the job
         back, retries untouched."""
         with self.connection.pipeline() as pipe:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution or self._running_execution)
+            self.cleanup_execution(job, pipeline=pipe, execution=execution or self._execution_of(job))
             pipe.execute()
         give_back(queue, job, reason, at_front=at_front)
 
     def job_context(self) -> JobContext:
         """What the running job gets from this worker (see :mod:`worker.serving.context`)."""
-        assert self.runtime is not None and self._running_execution is not None
+        now = self._now
+        assert self.runtime is not None and now is not None and now.execution is not None
         return JobContext(
             self.runtime,
-            execution=self._running_execution.composite_key,
+            execution=now.execution.composite_key,
             hand_off=self._hand_off if self._writer is not None else None,
             between_steps=self._pump,
         )
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        self._running, self._running_queue, self._handed = job, queue, None
+        self._now, self._handed = Running(job, queue), None
+        self.states.move(State.RUNNING)
         try:
             super().execute_job(job, queue)
         except redis.RedisError as exc:
@@ -339,16 +326,13 @@ class DiffqWorker(SimpleWorker):
                         job.id, exc.__class__.__name__)  # fmt: skip
             raise SystemExit(EXIT_COLD if self._cold else EXIT_REDIS_GONE) from None
         finally:
-            self._running = self._running_queue = self._running_execution = None
+            self._now = None
+            self.states.move(State.WAITING)
             if self._context is not None:
                 context.leave(self._context)
                 self._context = None
         if self.exit_after_job is not None:
-            try:
-                self.finish_pending()
-            except redis.RedisError as exc:
-                log.warning("the job in the writer was not completed in RQ (%s); it comes back by its heartbeat",
-                            exc.__class__.__name__)  # fmt: skip
+            self.finish_pending(on_the_way_out=True)
             raise SystemExit(self.exit_after_job)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
@@ -390,7 +374,8 @@ class DiffqWorker(SimpleWorker):
         pending = self._pending
         if pending is not None and pending.job.id == job.id:
             return pending.execution
-        return self._running_execution
+        now = self._now
+        return now.execution if now is not None and now.job.id == job.id else None
 
     def handle_job_failure(
         self,
@@ -465,8 +450,10 @@ class DiffqWorker(SimpleWorker):
         pause = self.paused
         if pause is None:
             return True
+        self.states.move(State.PAUSED)
         if not pause.wait_out(lambda: self._stop_requested):
             return False
+        self.states.move(State.WAITING)
         self.paused = None
         if self.runtime is not None and self.runtime.metrics is not None:
             self.runtime.metrics.paused(None)
@@ -492,10 +479,10 @@ class DiffqWorker(SimpleWorker):
         complete the previous job if its tail is done. A Redis error here must not fail the
         running job: the previous one keeps its record, and if RQ never hears of it, its
         execution lapses and the re-run finds every item done."""
-        running = self._running
-        if self._stop_job is not None and running is not None and running.id == self._stop_job:
+        now = self._now
+        if self._stop_job is not None and now is not None and now.job.id == self._stop_job:
             self._stop_job = None
-            raise JobStopped(f"job {running.id} stopped on request (RQ stop-job); no image of it was written")
+            raise JobStopped(f"job {now.job.id} stopped on request (RQ stop-job); no image of it was written")
         if self._pending is None or not self._pending.future.done():
             return
         try:
@@ -503,13 +490,20 @@ class DiffqWorker(SimpleWorker):
         except redis.RedisError as exc:
             log.warning("could not complete the previous job in RQ (%s); it is re-queued and skipped", exc)
 
-    def finish_pending(self) -> None:
+    def finish_pending(self, on_the_way_out: bool = False) -> None:
         """Wait for the writer, then complete the handed-off job in RQ as ``perform_job`` would
         have: success, or the failure path (a full disk gives it back and pauses the worker; a
-        lost job records nothing)."""
+        lost job records nothing). On the way out, a Redis that does not answer is said, not
+        raised: the job comes back by its heartbeat."""
         pending = self._pending
         if pending is None:
             return
+        if on_the_way_out:
+            try:
+                return self.finish_pending()
+            except redis.RedisError as exc:
+                return log.warning("the job in the writer was not completed in RQ (%s); it comes back by its "
+                                   "heartbeat", exc.__class__.__name__)  # fmt: skip
         wait([pending.future])  # the keeper heartbeats the job meanwhile
         with self._executions_lock:  # self._pending stays set meanwhile: its job's execution is asked for
             job, queue, registry, execution = pending.job, pending.queue, pending.registry, pending.execution
@@ -528,7 +522,12 @@ class DiffqWorker(SimpleWorker):
     def give_back_pending(self, reason: str) -> None:
         """A cold stop: the job in the writer goes back to the front of its queue. Whatever the
         writer records after this is fenced out; the files it finished are kept by the retry."""
-        pending, self._pending = self._pending, None
+        held = self._executions_lock.acquire(timeout=COLD_EXIT_S / 4)  # not while the main thread completes it
+        try:
+            pending, self._pending = self._pending, None
+        finally:
+            if held:
+                self._executions_lock.release()
         if pending is not None and self._lost != pending.job.id:
             self.give_back(pending.job, pending.queue, reason, execution=pending.execution)
 
@@ -542,6 +541,7 @@ class DiffqWorker(SimpleWorker):
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         self._waiting = True
+        self.states.move(State.WAITING)
         try:
             return self._dequeue(timeout, max_idle_time)
         finally:

@@ -5,6 +5,8 @@ the group leader) and handed to each job inside its :class:`~worker.serving.cont
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, field
 
 from common.settings import Settings
@@ -24,3 +26,11 @@ class Runtime:
     breaker: Breaker = field(default_factory=Breaker)
     #: this worker's Prometheus series (``--metrics-port``); None: not served
     metrics: WorkerMetrics | None = None
+
+
+def worker_name(gpu_label: str) -> str:
+    """Names show in rq-dashboard and ``producer status``: GPU first, then host and pid."""
+    host = socket.gethostname().split(".")[0]
+    label = gpu_label.replace(",", "+")
+    label = label if label.startswith("cpu") else f"gpu{label}"
+    return f"diffq-{label}-{host}-{os.getpid()}"

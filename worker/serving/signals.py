@@ -10,7 +10,9 @@ milliseconds, while the main thread computes.
 What the watcher does is the worker's business (:class:`SignalWatcher` takes two callbacks):
 the first signal asks for a warm stop, a second one more than :data:`REPEAT_S` later for a
 cold stop. The same signal delivered twice within :data:`REPEAT_S` (the launcher and the
-terminal both send it) counts once.
+terminal both send it) counts once. Both run on the watcher thread itself: a warm stop only
+sets flags (it never waits on Redis, so the second signal is heard at once), and a cold stop
+is the last thing the process does (its calls bounded, a timer behind them).
 """
 
 from __future__ import annotations
@@ -58,14 +60,9 @@ class SignalWatcher:
                     self._heard(signal.Signals(signum).name)
 
     def _heard(self, name: str) -> None:
-        """Each request runs on a thread of its own: a warm stop that waits on Redis must never
-        keep the watcher from hearing the second signal."""
         now = time.monotonic()
         if self.first_at is None:
             self.first_at = now
-            act = self.warm
+            self.warm(name)
         elif now - self.first_at >= REPEAT_S:
-            act = self.cold
-        else:
-            return
-        threading.Thread(target=act, args=(name,), name=f"diffq-{act.__name__}", daemon=True).start()
+            self.cold(name)
