@@ -11,7 +11,9 @@ because whoever can write to Redis is not necessarily who we trust.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from functools import partial
 from typing import Any
 
 from common.errors import InvalidJobSpec
@@ -59,6 +61,46 @@ def _check_float(name: str, value: Any, lo: float, hi: float) -> None:
     _require(lo <= value <= hi, f"{name} {value} is outside {lo:g}..{hi:g}")
 
 
+def _check_side(name: str, value: Any) -> None:
+    _check_int(name, value, MIN_SIDE, MAX_SIDE)
+    _require(value % 8 == 0, f"{name} {value} is not a multiple of 8")
+
+
+@dataclass(frozen=True)
+class Param:
+    """How one generation parameter is read from a prompts file or a flag, checked, kept in each
+    image's metadata and exported. Every :class:`GenParams` field carries one, and every place
+    that handles parameters reads them from there (docs/architecture.md, "Adding a generation
+    parameter"): the reader's columns and types, the producer's flags and their defaults, the
+    checks here, the metadata line and PNG text, ``producer verify``'s rebuild, the shards'
+    schema. ``tests/test_jobspec.py`` checks each of them against this list."""
+
+    kind: type  # int, float or str: how a CSV cell or a JSON value is read
+    export: str  # the column's Arrow / Hugging Face type in exported shards
+    check: Callable[[str, Any], None]
+    #: the producer flag's help (``--adapter-scale`` for ``adapter_scale``); None: no flag from here
+    flag: str | None = None
+    #: meaningful only with an adapter: its default where none is set, absent from metadata
+    with_adapter: bool = False
+
+
+def _param(default: Any, *args: Any, **kwargs: Any) -> Any:
+    """A :class:`GenParams` field with its :class:`Param`."""
+    return field(default=default, metadata={"param": Param(*args, **kwargs)})
+
+
+def _check_name(name: str, value: Any) -> None:
+    _check_text(name, value, max_chars=MAX_NAME_CHARS, allow_empty=False)
+
+
+def _check_optional_name(name: str, value: Any) -> None:
+    if value is not None:
+        _check_name(name, value)
+
+
+ADAPTER_HELP = "DoRA/LoRA folder or .safetensors file, or the preset tiny-dora, for rows without an adapter cell"
+
+
 #: The :class:`GenParams` fields every item key has held since the first version. A field added
 #: later is not listed here: ``common/naming.py:item_key`` writes it into a key only when it is
 #: set to something other than its default, so an item made before the field existed keeps its
@@ -68,32 +110,60 @@ KEY_FIELDS_V1 = frozenset({"model", "width", "height", "steps", "guidance", "ada
 
 @dataclass(frozen=True, kw_only=True)
 class GenParams:
-    """Settings every prompt of one chunk shares; chunks are formed by grouping on these."""
+    """Settings every prompt of one chunk shares; chunks are formed by grouping on these. The
+    declared list of generation parameters: a new one is a field here with its :class:`Param`
+    (and its pass to the pipeline in ``worker/pipelines/generate.py``); the field order is the
+    export's column order."""
 
-    model: str
-    width: int = 1024
-    height: int = 1024
-    steps: int = 30
-    guidance: float = 5.0
-    adapter: str | None = None
-    adapter_scale: float = 1.0
+    model: str = field(metadata={"param": Param(str, "string", _check_name)})
+    adapter: str | None = _param(None, str, "string", _check_optional_name, flag=ADAPTER_HELP)
+    adapter_scale: float = _param(
+        1.0, float, "float64", partial(_check_float, lo=-MAX_ADAPTER_SCALE, hi=MAX_ADAPTER_SCALE),
+        flag="Adapter weight, for rows without an adapter_scale cell", with_adapter=True,
+    )  # fmt: skip
+    width: int = _param(1024, int, "int32", _check_side, flag="Width (multiple of 8), for rows without a width cell")
+    height: int = _param(1024, int, "int32", _check_side, flag="Height (multiple of 8), for rows without a height cell")
+    steps: int = _param(
+        30, int, "int32", partial(_check_int, lo=1, hi=MAX_STEPS), flag="Denoising steps, for rows without a steps cell"
+    )
+    guidance: float = _param(
+        5.0, float, "float64", partial(_check_float, lo=0.0, hi=MAX_GUIDANCE),
+        flag="Classifier-free guidance, for rows without a guidance cell",
+    )  # fmt: skip
 
     def validate(self) -> GenParams:
-        _check_text("model", self.model, max_chars=MAX_NAME_CHARS, allow_empty=False)
-        for side in ("width", "height"):
-            value = getattr(self, side)
-            _check_int(side, value, MIN_SIDE, MAX_SIDE)
-            _require(value % 8 == 0, f"{side} {value} is not a multiple of 8")
-        _check_int("steps", self.steps, 1, MAX_STEPS)
-        _check_float("guidance", self.guidance, 0.0, MAX_GUIDANCE)
-        if self.adapter is not None:
-            _check_text("adapter", self.adapter, max_chars=MAX_NAME_CHARS, allow_empty=False)
-        _check_float("adapter_scale", self.adapter_scale, -MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE)
+        for f in fields(self):
+            f.metadata["param"].check(f.name, getattr(self, f.name))
         return self
+
+    def record(self) -> dict[str, Any]:
+        """The parameters as each image's metadata line and PNG text carry them."""
+        return {
+            f.name: None if f.metadata["param"].with_adapter and not self.adapter else getattr(self, f.name)
+            for f in fields(self)
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> GenParams:
+        """The parameters a metadata line was made with (``producer verify --repair``); a field
+        the line does not carry (it was made before the field existed) has its default."""
+        values: dict[str, Any] = {}
+        for name, spec in PARAMS.items():
+            value = record.get(name)
+            if value is None or (spec.with_adapter and not record.get("adapter")):
+                continue
+            values[name] = value if spec.kind is str else spec.kind(value)
+        return cls(**values)
 
     def short(self) -> str:
         adapter = f" · {self.adapter}@{self.adapter_scale:g}" if self.adapter else ""
         return f"{self.width}x{self.height} · {self.steps} steps · cfg {self.guidance:g} · {self.model}{adapter}"
+
+
+#: every generation parameter by name, in declaration order
+PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(GenParams)}
+#: their defaults (``model`` has none)
+PARAM_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GenParams) if f.default is not MISSING}
 
 
 @dataclass(frozen=True, kw_only=True)

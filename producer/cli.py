@@ -21,7 +21,7 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
-from common.jobspec import GenParams, PromptItem
+from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
 from common.settings import Settings, is_placeholder, redact
@@ -80,20 +80,24 @@ def _default(cls: type, name: str) -> Any:
     return cls.__dataclass_fields__[name].default
 
 
+def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A flag per generation parameter that declares one (common/jobspec.py:GenParams): its help,
+    type and default (the model preset's own where it has one) come from the declared list."""
+    for name, param in reversed(PARAMS.items()):
+        if param.flag is None:
+            continue
+        tiny = preset_default("tiny", name, None)
+        default = "none" if PARAM_DEFAULTS[name] is None else PARAM_DEFAULTS[name]
+        note = f"default: {default}" + (f"; tiny: {tiny}" if tiny is not None else "")
+        flag = f"--{name.replace('_', '-')}"
+        func = click.option(flag, type=param.kind, default=None, help=f"{param.flag} [{note}].")(func)
+    return func
+
+
 @main.command(short_help="Check a CSV/JSONL of prompts and queue it (again: resumes, adds nothing twice).")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--model", help=f"Hub id, local folder, or preset ({', '.join(MODEL_PRESETS)}) [SDXL base 1.0].")
-@click.option("--adapter", help="DoRA/LoRA folder or .safetensors file, or the preset tiny-dora (rows' default).")
-@click.option("--adapter-scale", type=float, default=_default(GenParams, "adapter_scale"), show_default=True,
-              help="Adapter weight, for rows without an adapter_scale cell.")  # fmt: skip
-@click.option("--steps", type=int, help="Denoising steps, for rows without a steps cell "
-              f"[default: {_default(GenParams, 'steps')}; tiny: {preset_default('tiny', 'steps', 0)}].")  # fmt: skip
-@click.option("--width", type=int, help="Width (multiple of 8), for rows without a width cell "
-              f"[default: {_default(GenParams, 'width')}; tiny: {preset_default('tiny', 'width', 0)}].")  # fmt: skip
-@click.option("--height", type=int, help="Height (multiple of 8), for rows without a height cell "
-              f"[default: {_default(GenParams, 'height')}; tiny: {preset_default('tiny', 'height', 0)}].")  # fmt: skip
-@click.option("--guidance", type=float, default=_default(GenParams, "guidance"), show_default=True,
-              help="Classifier-free guidance, for rows without a guidance cell.")  # fmt: skip
+@param_flags
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
 @click.option("--num-images", type=int, default=_default(PromptItem, "num_images"), show_default=True,
               help="Images per prompt, for rows without a num_images cell.")  # fmt: skip
@@ -135,16 +139,11 @@ def enqueue(file: Path, **opts: Any) -> None:
     defaults = RowDefaults(
         model=settings.model,
         **{  # a flag, else the model preset's own default, else the job spec's
-            name: opts[name]
-            if opts[name] is not None
-            else preset_default(settings.model, name, _default(GenParams, name))
-            for name in ("width", "height", "steps")
+            name: opts[name] if opts[name] is not None else preset_default(settings.model, name, default)
+            for name, default in PARAM_DEFAULTS.items()
         },
-        guidance=opts["guidance"],
         num_images=opts["num_images"],
         seed=opts["seed"],
-        adapter=opts["adapter"],
-        adapter_scale=opts["adapter_scale"],
         check_paths=not opts["no_path_checks"],
     )
     check_model(settings.model)
@@ -206,15 +205,7 @@ def enqueue(file: Path, **opts: Any) -> None:
 def _check_flags(defaults: RowDefaults) -> None:
     """A bad flag is one error about the flag, not the same error once per row."""
     try:
-        GenParams(
-            model=defaults.model,
-            width=defaults.width,
-            height=defaults.height,
-            steps=defaults.steps,
-            guidance=defaults.guidance,
-            adapter=defaults.adapter,
-            adapter_scale=defaults.adapter_scale,
-        ).validate()
+        GenParams(model=defaults.model, **{name: getattr(defaults, name) for name in PARAM_DEFAULTS}).validate()
         PromptItem(prompt="-", seed=defaults.seed or 0, num_images=defaults.num_images).validate()
     except InvalidJobSpec as exc:
         flag = str(exc).split(" ", 1)[0].replace("_", "-")

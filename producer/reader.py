@@ -13,57 +13,47 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import InputFileError, InvalidJobSpec
-from common.jobspec import GenParams, PromptItem
+from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.naming import derived_seed
 from common.presets import adapter_path
 
-COLUMNS = (
-    "prompt",
-    "negative_prompt",
-    "seed",
-    "width",
-    "height",
-    "steps",
-    "guidance",
-    "num_images",
-    "adapter",
-    "adapter_scale",
-    "id",
-)
-INT_COLUMNS = {"seed", "width", "height", "steps", "num_images"}
-FLOAT_COLUMNS = {"guidance", "adapter_scale"}
-TEXT_COLUMNS = {"prompt", "negative_prompt", "adapter", "id"}
+#: a row's own columns (:class:`PromptItem`) and how each is read
+ITEM_COLUMNS: dict[str, type] = {"prompt": str, "negative_prompt": str, "seed": int, "num_images": int, "id": str}
+#: the generation parameters a row may set: all of :class:`GenParams` but the model (a flag's)
+PARAM_COLUMNS: dict[str, type] = {name: p.kind for name, p in PARAMS.items() if name != "model"}
+COLUMNS = (*ITEM_COLUMNS, *PARAM_COLUMNS)
+_KINDS = {**ITEM_COLUMNS, **PARAM_COLUMNS}
+INT_COLUMNS = {name for name, kind in _KINDS.items() if kind is int}
+FLOAT_COLUMNS = {name for name, kind in _KINDS.items() if kind is float}
+TEXT_COLUMNS = {name for name, kind in _KINDS.items() if kind is str}
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 MAX_FIELD_CHARS = 200_000  # the csv module's own limit is 128 KiB; our prompt limit is far lower
 
 csv.field_size_limit(max(MAX_FIELD_CHARS, 131072))
 
 
-def _default(cls: type, name: str) -> Any:
-    return cls.__dataclass_fields__[name].default
-
-
-@dataclass(frozen=True, kw_only=True)
-class RowDefaults:
-    """What the command-line flags give to rows that leave a column empty; the defaults are the
-    job spec's own (:class:`GenParams`, :class:`PromptItem`), defined once there."""
-
-    model: str
-    width: int = _default(GenParams, "width")
-    height: int = _default(GenParams, "height")
-    steps: int = _default(GenParams, "steps")
-    guidance: float = _default(GenParams, "guidance")
-    num_images: int = _default(PromptItem, "num_images")
-    seed: int | None = None
-    adapter: str | None = None
-    adapter_scale: float = _default(GenParams, "adapter_scale")
-    #: refuse rows whose adapter path does not exist on this machine
-    check_paths: bool = True
+#: What the command-line flags give to rows that leave a column empty: the model, each
+#: generation parameter (made from the declared list, :data:`~common.jobspec.PARAMS`, with the
+#: job spec's defaults), the row defaults of :class:`PromptItem`, and ``check_paths`` (refuse
+#: rows whose adapter path does not exist on this machine).
+RowDefaults = make_dataclass(
+    "RowDefaults",
+    [
+        ("model", str),
+        *[(name, Any, field(default=default)) for name, default in PARAM_DEFAULTS.items()],
+        ("num_images", int, field(default=PromptItem.__dataclass_fields__["num_images"].default)),
+        ("seed", int | None, field(default=None)),
+        ("check_paths", bool, field(default=True)),
+    ],
+    frozen=True,
+    kw_only=True,
+)
+RowDefaults.__module__ = __name__  # its repr names where it lives (the file fingerprint reads it)
 
 
 @dataclass(frozen=True)
@@ -115,12 +105,14 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         adapter = _adapter_path(adapter, defaults.check_paths)
     params = _params(
         model=defaults.model,
-        width=values.get("width", defaults.width),
-        height=values.get("height", defaults.height),
-        steps=values.get("steps", defaults.steps),
-        guidance=float(values.get("guidance", defaults.guidance)),
         adapter=adapter,
-        adapter_scale=float(values.get("adapter_scale", defaults.adapter_scale)) if adapter else 1.0,
+        **{  # a cell, else the flag; a parameter that needs an adapter keeps its default without one
+            name: _kind(kind, values.get(name, getattr(defaults, name)))
+            if adapter or not PARAMS[name].with_adapter
+            else PARAM_DEFAULTS[name]
+            for name, kind in PARAM_COLUMNS.items()
+            if name != "adapter"
+        },
     )
     prompt = values["prompt"]
     negative = values.get("negative_prompt", "")
@@ -136,6 +128,12 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         id=row_id,
     ).validate()
     return Row(line=line, params=params, item=item)
+
+
+def _kind(kind: type, value: Any) -> Any:
+    """A float parameter given as a whole number (``5`` in JSON) is still a float: the same
+    chunk, the same key as ``5.0``."""
+    return float(value) if kind is float and isinstance(value, int) and not isinstance(value, bool) else value
 
 
 @functools.lru_cache(maxsize=4096)

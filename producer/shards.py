@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
+from common.jobspec import PARAMS
 from common.storage import Store
 
 FORMATS = ("webdataset", "parquet", "imagefolder")
@@ -39,13 +40,7 @@ COLUMNS: dict[str, str] = {
     "prompt": "string",
     "negative_prompt": "string",
     "seed": "int64",
-    "model": "string",
-    "adapter": "string",
-    "adapter_scale": "float64",
-    "width": "int32",
-    "height": "int32",
-    "steps": "int32",
-    "guidance": "float64",
+    **{name: param.export for name, param in PARAMS.items()},  # every generation parameter
     "created": "timestamp[ms]",  # UTC, naive; Parquet has no seconds unit (an imagefolder reads timestamp[s])
 }
 

@@ -443,15 +443,7 @@ def item_of(record: dict[str, Any]) -> tuple[GenParams, PromptItem] | None:
     """The params and row a record was made from, with the row's ``num_images`` found again
     (older records do not carry it: it is the one that gives the record's own key)."""
     try:
-        params = GenParams(
-            model=record["model"],
-            width=int(record["width"]),
-            height=int(record["height"]),
-            steps=int(record["steps"]),
-            guidance=float(record["guidance"]),
-            adapter=record.get("adapter"),
-            adapter_scale=float(record["adapter_scale"]) if record.get("adapter") else 1.0,
-        )
+        params = GenParams.from_record(record)
         counts = [int(record["num_images"])] if record.get("num_images") else range(int(record["index"]) + 1, 65)
         for n in counts:
             item = PromptItem(

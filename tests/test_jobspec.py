@@ -79,3 +79,74 @@ def test_image_names_come_only_from_hex_keys():
     with pytest.raises(ValueError):
         image_relpath("../../etc/passwd", 0)
     assert ":" not in job_id([key], "/tmp/out", "diffq")
+
+
+#: run in a copy of the code where GenParams declares one more parameter, and nothing else changed
+_WITH_A_NEW_PARAMETER = r"""
+import csv, json, sys
+from click.testing import CliRunner
+from common.jobspec import GenParams, PromptItem
+from common.naming import derived_seed, item_key
+from producer.cli import main
+from producer.reader import RowDefaults, read_rows
+from producer.shards import COLUMNS
+from producer.verify import item_of
+
+path = sys.argv[1]
+with open(path, "w", newline="") as handle:
+    csv.writer(handle).writerows([["prompt", "scheduler"], ["a red fox in snow", ""], ["a red fox in snow", "dpm"]])
+defaults = RowDefaults(model="tiny", width=64, height=64, steps=3)
+default, cell = (row.params for row in read_rows(__import__("pathlib").Path(path), defaults))
+item = PromptItem(prompt="a red fox in snow", seed=derived_seed("a red fox in snow"))
+record = {**cell.record(), "key": item_key(cell, item), "index": 0, "num_images": 1, "prompt": item.prompt,
+          "seed": item.seed}
+help_text = CliRunner().invoke(main, ["enqueue", "--help"]).output
+print(json.dumps({
+    "read": [default.scheduler, cell.scheduler],
+    "old_key_kept": item_key(default, item) == "9d87be02447507abd550232f",
+    "new_value_new_key": item_key(cell, item) != "9d87be02447507abd550232f",
+    "flag": "--scheduler TEXT" in help_text and "Sampler, for rows without a scheduler cell" in help_text,
+    "export": COLUMNS.get("scheduler"),
+    "metadata": record.get("scheduler"),
+    "rebuilt": item_of(record) == (cell, item),
+    "checked": GenParams.__dataclass_fields__["scheduler"].metadata["param"].check is not None,
+}))
+"""
+
+
+def test_a_parameter_declared_once_reaches_every_place_and_rekeys_nothing(tmp_path):
+    """The declared list (common/jobspec.py:GenParams, each field with its Param) is what every
+    place reads: in a copy of the code whose only change is one more field, the prompts file's
+    column, the producer's flag, each image's metadata, ``producer verify``'s rebuild and the
+    export schema all have it, and an item that leaves it at its default keeps its key."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("common", "producer", "worker"):
+        shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    jobspec = tmp_path / "common" / "jobspec.py"
+    text = jobspec.read_text()
+    anchor = "\n    def validate(self) -> GenParams:"
+    assert text.count(anchor) == 1
+    new_field = (
+        '    scheduler: str = _param("euler", str, "string", _check_name, '
+        'flag="Sampler, for rows without a scheduler cell")\n'
+    )
+    jobspec.write_text(text.replace(anchor, "\n" + new_field + anchor))
+    run = subprocess.run([sys.executable, "-c", _WITH_A_NEW_PARAMETER, str(tmp_path / "p.csv")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "read": ["euler", "dpm"],
+        "old_key_kept": True,
+        "new_value_new_key": True,
+        "flag": True,
+        "export": "string",
+        "metadata": "dpm",
+        "rebuilt": True,
+        "checked": True,
+    }

@@ -95,13 +95,7 @@ def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[
         "prompt": item.prompt,
         "negative_prompt": item.negative_prompt,
         "seed": item.seed + index,
-        "model": p.model,
-        "adapter": p.adapter,
-        "adapter_scale": p.adapter_scale if p.adapter else None,
-        "width": p.width,
-        "height": p.height,
-        "steps": p.steps,
-        "guidance": p.guidance,
+        **p.record(),  # every generation parameter (common/jobspec.py:GenParams)
     }
 
 
