@@ -1,4 +1,5 @@
-"""``make lint``'s check of the docs against the tree: every relative link resolves, and every
+"""``make lint``'s check of the docs against the tree: every relative link resolves (a ``#anchor``
+into a Markdown page too, by GitHub's rule for heading anchors), and every
 test a page names (``test_file.py::test_name``) and every function it names in a file
 (``path/file.py:function``) exists. Prints one line per problem, ``FILE:LINE: what``, and exits 1
 if there is any. Run as ``python tests/docs_check.py`` from the repository root."""
@@ -33,6 +34,27 @@ def _names(path: Path) -> frozenset[str]:
     return frozenset(names)
 
 
+@cache
+def _anchors(path: Path) -> frozenset[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading suffixed ``-1``, ``-2``, ... (fenced code is not headings)."""
+    found: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not line.startswith("#"):
+            continue
+        text = line.lstrip("#").strip().lower()
+        slug = re.sub(r"[^\w\- ]", "", text.replace("`", "")).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in found:
+            n += 1
+            anchor = f"{slug}-{n}"
+        found.add(anchor)
+    return frozenset(found)
+
+
 def _test_file(name: str) -> Path | None:
     found = sorted(ROOT.joinpath("tests").rglob(name))
     return found[0] if found else None
@@ -43,11 +65,14 @@ def problems(page: Path) -> list[str]:
     rel = page.relative_to(ROOT)
     for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
         for target in LINK.findall(line):
-            if target.startswith(("http://", "https://", "mailto:", "#")):
+            if target.startswith(("http://", "https://", "mailto:")):
                 continue
-            path = target.split("#", 1)[0]
-            if path and not (page.parent / path).exists():
+            path, _, anchor = target.partition("#")
+            linked = page.parent / path if path else page
+            if not linked.exists():
                 out.append(f"{rel}:{number}: link to {target} does not resolve")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                out.append(f"{rel}:{number}: link to {target}: {linked.name} has no heading with that anchor")
         for file, test in TEST.findall(line):
             where = _test_file(file)
             if where is None:

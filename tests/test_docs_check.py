@@ -24,6 +24,26 @@ def test_the_check_finds_a_dead_link_a_renamed_test_and_a_missing_function(tmp_p
     ]
 
 
+def test_the_check_finds_a_link_to_a_heading_that_is_not_there():
+    """A renamed heading leaves its links pointing nowhere: the anchor is checked, by GitHub's rule."""
+    page = ROOT / "docs" / "_check_probe.md"
+    page.write_text(
+        "# A `code` heading (here)\n[ok](#a-code-heading-here) [ok](benchmarks.md#fp8---precision-fp8)\n"
+        "[gone](benchmarks.md#xdit-worker-groups-one-image-on-several-gpus-benchgrouppy-benchgroup_queuepy) "
+        "[gone](#nope)\n",
+        encoding="utf-8",
+    )
+    try:
+        found = problems(page)
+    finally:
+        page.unlink()
+    assert found == [
+        "docs/_check_probe.md:3: link to benchmarks.md#xdit-worker-groups-one-image-on-several-gpus-benchgrouppy-"
+        "benchgroup_queuepy: benchmarks.md has no heading with that anchor",
+        "docs/_check_probe.md:3: link to #nope: _check_probe.md has no heading with that anchor",
+    ]
+
+
 def test_the_docs_pass_it():
     assert main() == 0
 
