@@ -6,6 +6,7 @@
 #   bash bench/group_device.sh profile2  # FLUX: 1 GPU, Ulysses 2, ring 2 under torch.profiler; the 2-GPU group through the queue
 #   bash bench/group_device.sh groups2   # a data-parallel group next to 2 workers (FLUX); SDXL CFG parallel compiled
 #   bash bench/group_device.sh compile2  # FLUX: 1 GPU and Ulysses 2, eager and compile-blocks; the group through the queue
+#   bash bench/group_device.sh flux4c  # FLUX: 1 GPU, Ulysses 4 and 2, all compiled; Ulysses 4 through the queue
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -120,6 +121,20 @@ cudagraphs)  # issue 46: the same, the UNet and decoder under CUDA graphs (bench
     --cudagraphs --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-cudagraphs > $OUT/sdxl1g.log 2>&1; \
     echo "1 GPU, CUDA graphs rc=$? at ${SECONDS}s"; }
   tail -3 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+flux4c)  # issue 46, 4 GPUs when lent: FLUX on 1 GPU compiled (the baseline), Ulysses 4 and 2 compiled, the same
+  # levers (the group's auto), one compile cache; then Ulysses 4 through the queue (its overhead per job)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
+  nvidia-smi topo -m > $OUT/topo.txt
+  timeout 160 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 160 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --runs 2 --compare /tmp/flux1.npy --out $R \
+    --label flux-u4-compiled > $OUT/flux4c.log 2>&1; echo "Ulysses 4 rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 330 ] && { timeout 130 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 \
+    --compare /tmp/flux1.npy --out $R --label flux-u2-compiled > $OUT/flux2c.log 2>&1; echo "Ulysses 2 rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 440 ] && { timeout $((530 - SECONDS)) python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" \
+    --jobs 6 --out $R > $OUT/queue4c.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 cudagraphs1)  # issue 46: the fair baseline, 1 GPU under CUDA graphs too, then CFG parallel under them again
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-unet,compile-vae
