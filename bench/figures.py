@@ -91,14 +91,71 @@ def _cold_first_image(precision: str) -> str:
     return f"{min(times):.0f}–{max(times):.0f} s"
 
 
+#: every call that ran the fp16 defaults through the queue on a cold machine, by GPU
+DEFAULTS_CALLS = {
+    "h100": [("h100-defaults-call.jsonl", "defaults"), ("h100-rq3-call.jsonl", "defaults"),
+             ("h100-adapters-direct-call.jsonl", "defaults"), ("h100-fp8-call1.jsonl", "fp16")],
+    "h200": [("h200-defaults-call.jsonl", "defaults"), ("h200-adapters-call.jsonl", "defaults"),
+             ("h200-fp8-call1.jsonl", "fp16")],
+}  # fmt: skip
+
+
+def _defaults(machine: str) -> str:
+    rates = [_rate(name, tag) for name, tag in DEFAULTS_CALLS[machine]]
+    return f"{min(rates):.3f}–{max(rates):.3f}"
+
+
+def _enqueue_rate() -> str:
+    """A new 10^6-row file through ``producer enqueue`` (check pass included), 2 CPU cores."""
+    line = _one("campaign-enqueue-1e6.jsonl", event="enqueue alone, new rows (check pass included)")
+    return f"10⁶ rows enqueue in {line['seconds']:.0f} s ({line['rows_per_s']:,} rows/s)"
+
+
+def _demo() -> str:
+    """``make demo`` once installed, on the 2-core development machine (bench/demo_time.py)."""
+    times = [line["seconds"] for line in _lines("demo-cpu.jsonl") if line["rc"] == 0 and line["images"] == 13]
+    return f"{min(times):.0f}–{max(times):.0f} s"
+
+
+def _first_image(name: str, tag: str) -> str:
+    return f"{_one(name, kind='queue', tag=tag)['launch_to_first_image_s']:.1f} s"
+
+
+def _scaling(gpus: int, name: str = "h200x4-scaling-defaults.jsonl") -> str:
+    """N pinned workers through the queue against one, steady (one 4-GPU machine, one call)."""
+    return f"{_one(name, gpus=gpus)['steady_img_per_s'] / _one(name, gpus=1)['steady_img_per_s']:.2f}×"
+
+
+def _group(name: str, one: str, many: str) -> str:
+    """A group's image against one GPU's, bare, in the same call."""
+    return f"{_one(name, label=one)['s_per_img'] / _one(name, label=many)['s_per_img']:.2f}×"
+
+
 #: every figure a page may name, computed from bench/results
 FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
     **_fp8("h200"),
     **_chunk16(),
+    "defaults.h100": lambda: _defaults("h100"),
+    "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,
+    "enqueue.rate": _enqueue_rate,
+    "demo.seconds": _demo,
     "first-image.cold.fp16": lambda: _cold_first_image("fp16"),
     "first-image.cold.fp8": lambda: _cold_first_image("fp8"),
+    "first-image.warm": lambda: _first_image("h100-precompile-call.jsonl", "preBwarm"),
+    "first-image.new-host": lambda: _first_image("h100-precompile-call.jsonl", "preB"),
+    "first-image.warm.fp8": lambda: _first_image("h100-fp8-call2.jsonl", "adapters-fp8"),
+    "scaling.2": lambda: _scaling(2),
+    "scaling.4": lambda: _scaling(4),
+    "scaling.vae-fp16.2": lambda: _scaling(2, "h200x4-queue.jsonl"),
+    "scaling.vae-fp16.4": lambda: _scaling(4, "h200x4-queue.jsonl"),
+    "group.sdxl.cfg2": lambda: _group("h100x2-cudagraphs1-call.jsonl", "sdxl-1gpu-cudagraphs", "sdxl-cfg2-cudagraphs"),
+    "group.flux.u2": lambda: _group("h200x2-compile-call.jsonl", "flux-1gpu-compiled", "flux-u2-compiled"),
+    "group.flux.u4": lambda: _group("h200x4-flux4c-call.jsonl", "flux-1gpu-compiled", "flux-u4-compiled"),
+    "group.flux.u4.queue": lambda: (
+        f"{_one('h200x4-flux4c-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
+    ),
 }
 
 
