@@ -15,6 +15,7 @@ Each variant compiles a fresh copy of the eager weights; a variant is skipped wh
     python3 bench/unet_levers.py --out $OUT/levers.jsonl --budget-s 480
     python3 bench/unet_levers.py --out /tmp/l.jsonl --model tiny --device cpu --size 256 \
         --variants eager-fp16,compile-fp16
+    python3 bench/unet_levers.py --out $OUT/rows.jsonl --rows 1 --variants eager-fp16,cudagraphs-fp16   # a CFG rank
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--model", default="sdxl-random", choices=["sdxl-random", "tiny"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=8, help="images; the UNet sees twice as many (CFG)")
+    ap.add_argument("--rows", type=int, default=0, help="UNet rows if not 2 x batch (1: a CFG rank)")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=12)
     ap.add_argument("--budget-s", type=float, default=480)
@@ -99,7 +101,7 @@ def main() -> None:
         "diffusers": diffusers.__version__,
         "model": args.model,
         "batch": args.batch,
-        "unet_batch": 2 * args.batch,
+        "unet_batch": args.rows or 2 * args.batch,
         "size": args.size,
     }
     emit(args.out, {"kind": "env", **env})
@@ -123,7 +125,7 @@ def main() -> None:
         unet = copy.deepcopy(pristine).to(device, dtype)
         if kind != "eager":
             unet = torch.compile(unet, fullgraph=True, dynamic=False, mode=MODES[kind])
-        inputs = unet_inputs(unet, 2 * args.batch, args.size, device)
+        inputs = unet_inputs(unet, args.rows or 2 * args.batch, args.size, device)
 
         def call(unet: Any = unet, inputs: dict = inputs) -> torch.Tensor:
             with torch.inference_mode():
