@@ -131,6 +131,12 @@ def _group(name: str, one: str, many: str) -> str:
     return f"{_one(name, label=one)['s_per_img'] / _one(name, label=many)['s_per_img']:.2f}×"
 
 
+def _rows(name: str, config: str, whole: int, half: int) -> str:
+    """What halving the UNet's rows saves on one GPU: the most a CFG pair can gain on the UNet."""
+    step = {line["unet_batch"]: line["step_ms"] for line in _lines(name) if line.get("config") == config}
+    return f"{step[whole] / step[half]:.2f}×"
+
+
 #: every figure a page may name, computed from bench/results
 FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
@@ -151,6 +157,12 @@ FIGURES: dict[str, Callable[[], str]] = {
     "scaling.vae-fp16.2": lambda: _scaling(2, "h200x4-queue.jsonl"),
     "scaling.vae-fp16.4": lambda: _scaling(4, "h200x4-queue.jsonl"),
     "group.sdxl.cfg2": lambda: _group("h100x2-cudagraphs1-call.jsonl", "sdxl-1gpu-cudagraphs", "sdxl-cfg2-cudagraphs"),
+    "group.sdxl.cfg2.b4": lambda: _group("h100x2-sdxl4-call.jsonl", "sdxl-1gpu-b4", "sdxl-cfg2-b4"),
+    "group.sdxl.cfg2.b4.queue": lambda: (
+        f"{_one('h100x2-sdxl4-queue-call.jsonl', kind='group-queue')['steady_s_per_job']:.3f} s"
+    ),
+    "unet.rows.1-2": lambda: _rows("h100-unet-rows-call1.jsonl", "cudagraphs-fp16", 2, 1),
+    "unet.rows.4-8": lambda: _rows("h100-unet-rows-call2.jsonl", "compile-fp16", 8, 4),
     "group.flux.u2": lambda: _group("h200x2-compile-call.jsonl", "flux-1gpu-compiled", "flux-u2-compiled"),
     "group.flux.u4": lambda: _group("h200x4-flux4c-call.jsonl", "flux-1gpu-compiled", "flux-u4-compiled"),
     "group.flux.u4.queue": lambda: (

@@ -3,8 +3,8 @@
 Every rank builds the same :class:`worker.group.engine.RankEngine` the group worker uses (so
 the split is the real one: our CFG parallel for SDXL, xDiT's Ulysses/ring for FLUX) and calls
 its ``run`` in lockstep; rank 0 times each call between barriers. One JSON line per batch size
-goes to ``--out``; rank 0 also saves the first image as ``--save`` (for equality checks) and
-compares it with ``--compare`` when given.
+goes to ``--out``; rank 0 also saves the first batch's images as ``--save`` (for equality checks) and
+compares them with ``--compare`` when given.
 
     torchrun --nproc-per-node 4 bench/group.py --model flux-random --ulysses-degree 4 --out g.jsonl
 """
@@ -36,8 +36,8 @@ def main() -> None:
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--save", help="rank 0 writes the first image of batch 1 here (.npy)")
-    ap.add_argument("--compare", help="a .npy image to compare the first image with")
+    ap.add_argument("--save", help="rank 0 writes the first batch's images here (.npy)")
+    ap.add_argument("--compare", help="a .npy of images to compare the first batch's with")
     ap.add_argument("--label", default="")
     ap.add_argument(
         "--cudagraphs",
@@ -130,17 +130,19 @@ def main() -> None:
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "torch": torch.__version__,
         }
-        # the image lives on the rank that holds it; bring the first one to rank 0
-        box = [holder_images[0] if holder_images else None]
+        # the images live on the rank that holds them; bring them to rank 0 (the first batch's all
+        # of them are saved and compared: under CFG parallel each rank decodes half of them)
+        box = [np.stack(holder_images) if holder_images else None]
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(box[0], gathered, dst=0)
         if rank == 0:
             first = next((g for g in gathered or [] if g is not None), None)
             if first is not None:
                 record["image_finite_mean"] = round(float(np.asarray(first, dtype=np.float64).mean()), 2)
-                if batch == 1 and args.save:
+                first_batch = batch == int(args.batches.split(",")[0])
+                if first_batch and args.save:
                     np.save(args.save, first)
-                if batch == 1 and args.compare and Path(args.compare).exists():
+                if first_batch and args.compare and Path(args.compare).exists():
                     ref = np.load(args.compare).astype(np.int16)
                     diff = np.abs(ref - np.asarray(first, dtype=np.int16))
                     record["max_pixel_diff_255"] = int(diff.max())

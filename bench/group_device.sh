@@ -7,6 +7,7 @@
 #   bash bench/group_device.sh groups2   # a data-parallel group next to 2 workers (FLUX); SDXL CFG parallel compiled
 #   bash bench/group_device.sh compile2  # FLUX: 1 GPU and Ulysses 2, eager and compile-blocks; the group through the queue
 #   bash bench/group_device.sh flux4c  # FLUX: 1 GPU, Ulysses 4 and 2, all compiled; Ulysses 4 through the queue
+#   bash bench/group_device.sh sdxl4  # SDXL batch 4: 1 GPU vs CFG parallel (split decode), the worker's levers
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -134,6 +135,16 @@ flux4c)  # issue 46, 4 GPUs when lent: FLUX on 1 GPU compiled (the baseline), Ul
     --compare /tmp/flux1.npy --out $R --label flux-u2-compiled > $OUT/flux2c.log 2>&1; echo "Ulysses 2 rc=$? at ${SECONDS}s"; }
   [ $SECONDS -lt 440 ] && { timeout $((530 - SECONDS)) python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" \
     --jobs 6 --out $R > $OUT/queue4c.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+sdxl4)  # issue 46: SDXL at batch 4, 1 GPU against CFG parallel on 2 (each rank decodes half the images), the
+  # single worker's levers on both, one compile cache
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-unet,compile-vae
+  nvidia-smi topo -m > $OUT/topo.txt
+  timeout 240 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --save /tmp/sdxl4.npy --out $R \
+    --label sdxl-1gpu-b4 > $OUT/sdxl1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout $((540 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 \
+    --compare /tmp/sdxl4.npy --out $R --label sdxl-cfg2-b4 > $OUT/sdxl2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 cudagraphs1)  # issue 46: the fair baseline, 1 GPU under CUDA graphs too, then CFG parallel under them again

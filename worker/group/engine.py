@@ -4,8 +4,9 @@ How an image is split, by model family:
 - SDXL: CFG parallel is ours. The UNet's batch is ``[unconditional; conditional]``; with
   ``--cfg-parallel`` the two ranks of a pair each run one half and exchange their noise
   predictions every step (an ``all_gather`` of B×4×H/8×W/8 values), so each UNet call costs
-  half. xDiT 0.7.0's SDXL wrapper calls the unchanged diffusers pipeline (its UNet is not
-  converted), which is why it measured slower on two GPUs than on one.
+  half; each rank then decodes half of the batch's images and they exchange the pixels.
+  xDiT 0.7.0's SDXL wrapper calls the unchanged diffusers pipeline (its UNet is not converted),
+  which is why it measured slower on two GPUs than on one.
 - FLUX (a DiT): Ulysses / ring sequence parallel and PipeFusion are xDiT's: the pipeline is
   wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the result to holds the images.
 - Data parallel is ours for both: data-parallel rank ``d`` makes the ``d``-th contiguous slice
@@ -134,6 +135,24 @@ class RankEngine:
             return (torch.cat(both),)
 
         unet.forward = split_forward
+        decode = pipe.vae.decode
+
+        def split_decode(z: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            """Each rank of the pair decodes half of the batch's images (the VAE decodes each
+            image on its own, so the pixels are the same), then both hold all of them: at batch 4
+            the decode is a twentieth of a CFG-parallel batch, and half of it stays on each GPU."""
+            rows = z.shape[0]
+            if rows < 2 or args or kwargs.get("return_dict", True):
+                return decode(z, *args, **kwargs)
+            per = -(-rows // 2)
+            part = decode(z[half * per : (half + 1) * per], return_dict=False)[0]
+            if part.shape[0] < per:  # an odd batch: the second half is one short; pad it to gather
+                part = torch.cat([part, part.new_zeros((per - part.shape[0], *part.shape[1:]))])
+            both = [torch.empty_like(part) for _ in range(2)]
+            dist.all_gather(both, part.contiguous(), group=group)
+            return (torch.cat(both)[:rows],)
+
+        pipe.vae.decode = split_decode
 
     def _wrap_xdit(self, pipe: Any, model: str) -> Any:
         try:
