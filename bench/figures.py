@@ -163,6 +163,10 @@ FIGURES: dict[str, Callable[[], str]] = {
     ),
     "unet.rows.1-2": lambda: _rows("h100-unet-rows-call1.jsonl", "cudagraphs-fp16", 2, 1),
     "unet.rows.4-8": lambda: _rows("h100-unet-rows-call2.jsonl", "compile-fp16", 8, 4),
+    "group.engine.1gpu": lambda: f"{_one('h100-group-engine-call.jsonl', kind='group-bare')['s_per_img']:.3f} s",
+    "worker.run-batch.defaults": lambda: (
+        f"{_one('h100-group-engine-call.jsonl', kind='pipeline', label='+compile-vae')['s_per_img']:.3f} s"
+    ),
     "group.flux.u2": lambda: _group("h200x2-compile-call.jsonl", "flux-1gpu-compiled", "flux-u2-compiled"),
     "group.flux.u4": lambda: _group("h200x4-flux4c-call.jsonl", "flux-1gpu-compiled", "flux-u4-compiled"),
     "group.flux.u4.queue": lambda: (
