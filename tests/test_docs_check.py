@@ -5,18 +5,22 @@ from __future__ import annotations
 from docs_check import ROOT, main, problems
 
 
-def test_the_check_finds_a_dead_link_a_renamed_test_and_a_missing_function(tmp_path):
+def _problems_of(text: str) -> list[str]:
+    """The check's findings on a page of ``text`` placed in docs/ (relative links resolve there)."""
     page = ROOT / "docs" / "_check_probe.md"
-    page.write_text(
-        "[gone](nowhere.md) [ok](usage.md)\n"
-        "`test_truth.py::test_no_such_test`\n"
-        "`producer/verify.py:no_such_function` and `producer/verify.py:verify`\n",
-        encoding="utf-8",
-    )
+    page.write_text(text, encoding="utf-8")
     try:
-        found = problems(page)
+        return problems(page)
     finally:
         page.unlink()
+
+
+def test_the_check_finds_a_dead_link_a_renamed_test_and_a_missing_function(tmp_path):
+    found = _problems_of(
+        "[gone](nowhere.md) [ok](usage.md)\n"
+        "`test_truth.py::test_no_such_test`\n"
+        "`producer/verify.py:no_such_function` and `producer/verify.py:verify`\n"
+    )
     assert found == [
         "docs/_check_probe.md:1: link to nowhere.md does not resolve",
         "docs/_check_probe.md:2: test_truth.py has no test_no_such_test",
@@ -26,17 +30,11 @@ def test_the_check_finds_a_dead_link_a_renamed_test_and_a_missing_function(tmp_p
 
 def test_the_check_finds_a_link_to_a_heading_that_is_not_there():
     """A renamed heading leaves its links pointing nowhere: the anchor is checked, by GitHub's rule."""
-    page = ROOT / "docs" / "_check_probe.md"
-    page.write_text(
+    found = _problems_of(
         "# A `code` heading (here)\n[ok](#a-code-heading-here) [ok](benchmarks.md#fp8---precision-fp8)\n"
         "[gone](benchmarks.md#xdit-worker-groups-one-image-on-several-gpus-benchgrouppy-benchgroup_queuepy) "
-        "[gone](#nope)\n",
-        encoding="utf-8",
+        "[gone](#nope)\n"
     )
-    try:
-        found = problems(page)
-    finally:
-        page.unlink()
     assert found == [
         "docs/_check_probe.md:3: link to benchmarks.md#xdit-worker-groups-one-image-on-several-gpus-benchgrouppy-"
         "benchgroup_queuepy: benchmarks.md has no heading with that anchor",

@@ -175,7 +175,7 @@ class DiffqWorker(SimpleWorker):
         """On the way out every Redis call is bounded (:data:`~common.queues.WAY_OUT`): what
         Redis does not hear of now comes back by the heartbeat, as after a SIGKILL."""
         self.states.move(State.DONE)
-        self.finish_pending(on_the_way_out=True)
+        self._finish_pending_on_the_way_out()
         if self._writer is not None:
             self._writer.shutdown()
         self.keeper.stop()
@@ -332,7 +332,7 @@ class DiffqWorker(SimpleWorker):
                 context.leave(self._context)
                 self._context = None
         if self.exit_after_job is not None:
-            self.finish_pending(on_the_way_out=True)
+            self._finish_pending_on_the_way_out()
             raise SystemExit(self.exit_after_job)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
@@ -490,20 +490,22 @@ class DiffqWorker(SimpleWorker):
         except redis.RedisError as exc:
             log.warning("could not complete the previous job in RQ (%s); it is re-queued and skipped", exc)
 
-    def finish_pending(self, on_the_way_out: bool = False) -> None:
+    def _finish_pending_on_the_way_out(self) -> None:
+        """:meth:`finish_pending`, with a Redis that does not answer said, not raised: the job
+        comes back by its heartbeat."""
+        try:
+            self.finish_pending()
+        except redis.RedisError as exc:
+            log.warning("the job in the writer was not completed in RQ (%s); it comes back by its heartbeat",
+                        exc.__class__.__name__)  # fmt: skip
+
+    def finish_pending(self) -> None:
         """Wait for the writer, then complete the handed-off job in RQ as ``perform_job`` would
         have: success, or the failure path (a full disk gives it back and pauses the worker; a
-        lost job records nothing). On the way out, a Redis that does not answer is said, not
-        raised: the job comes back by its heartbeat."""
+        lost job records nothing)."""
         pending = self._pending
         if pending is None:
             return
-        if on_the_way_out:
-            try:
-                return self.finish_pending()
-            except redis.RedisError as exc:
-                return log.warning("the job in the writer was not completed in RQ (%s); it comes back by its "
-                                   "heartbeat", exc.__class__.__name__)  # fmt: skip
         wait([pending.future])  # the keeper heartbeats the job meanwhile
         with self._executions_lock:  # self._pending stays set meanwhile: its job's execution is asked for
             job, queue, registry, execution = pending.job, pending.queue, pending.registry, pending.execution
