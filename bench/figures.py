@@ -169,6 +169,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     ),
     "group.flux.u2": lambda: _group("h200x2-compile-call.jsonl", "flux-1gpu-compiled", "flux-u2-compiled"),
     "group.flux.u4": lambda: _group("h200x4-flux4c-call.jsonl", "flux-1gpu-compiled", "flux-u4-compiled"),
+    "group.flux2048.u2": lambda: _group("h100x2-flux2048-call.jsonl", "flux-2048-1gpu", "flux-2048-u2"),
+    "group.flux2048.u2.pvae": lambda: _group("h100x2-flux2048-call.jsonl", "flux-2048-1gpu", "flux-2048-u2-pvae"),
     "group.flux.u4.queue": lambda: (
         f"{_one('h200x4-flux4c-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
     ),

@@ -8,6 +8,7 @@
 #   bash bench/group_device.sh compile2  # FLUX: 1 GPU and Ulysses 2, eager and compile-blocks; the group through the queue
 #   bash bench/group_device.sh flux4c  # FLUX: 1 GPU, Ulysses 4 and 2, all compiled; Ulysses 4 through the queue
 #   bash bench/group_device.sh sdxl4  # SDXL batch 4: 1 GPU vs CFG parallel (split decode), the worker's levers
+#   bash bench/group_device.sh flux2048  # FLUX 2048²: 1 GPU, Ulysses 2, Ulysses 2 + parallel VAE; 1024² Ulysses 2 under CUDA graphs
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -154,6 +155,23 @@ cudagraphs1)  # issue 46: the fair baseline, 1 GPU under CUDA graphs too, then C
   timeout $((480 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 3 --cudagraphs \
     --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2-cudagraphs > $OUT/sdxl2g.log 2>&1; echo "CFG 2, CUDA graphs rc=$? at ${SECONDS}s"
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+flux2048)  # issue 46: FLUX at 2048² (time and peak memory) on 1 GPU, Ulysses 2, and Ulysses 2 with xDiT's parallel
+  # VAE, the group's levers (compiled blocks) on all; then 1024², 1 GPU against Ulysses 2 with the blocks under CUDA graphs
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
+  nvidia-smi topo -m > $OUT/topo.txt
+  timeout 200 $TR --nproc-per-node 1 bench/group.py $F --size 2048 --runs 1 --save /tmp/flux2k.npy --out $R \
+    --label flux-2048-1gpu > $OUT/f2k-1.log 2>&1; echo "2048 1 GPU rc=$? at ${SECONDS}s"
+  timeout 150 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --ulysses-degree 2 --runs 1 --compare /tmp/flux2k.npy \
+    --out $R --label flux-2048-u2 > $OUT/f2k-u2.log 2>&1; echo "2048 Ulysses 2 rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --ulysses-degree 2 --parallel-vae --runs 1 \
+    --compare /tmp/flux2k.npy --out $R --label flux-2048-u2-pvae > $OUT/f2k-u2v.log 2>&1; echo "2048 U2 + VAE rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 380 ] && { timeout 100 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/f1k-1.log 2>&1; echo "1024 1 GPU rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 440 ] && { timeout $((540 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 \
+    --cudagraphs --compare /tmp/flux1.npy --out $R --label flux-u2-cudagraphs > $OUT/f1k-u2g.log 2>&1; \
+    echo "1024 Ulysses 2, CUDA graphs rc=$? at ${SECONDS}s"; }
+  tail -3 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 esac
 cat $R

@@ -119,6 +119,16 @@ def test_bad_degrees_every_rank_exits_with_the_arithmetic(env: dict[str, str], c
 
 
 @pytest.mark.slow
+def test_parallel_vae_on_an_sdxl_group_is_one_line_from_rank_0(env: dict[str, str], conn: redis.Redis) -> None:
+    """xDiT's DistVAE splits a DiT's decoder; an SDXL CFG pair decodes its own halves already."""
+    result = run_group(env, "--cfg-parallel", "--parallel-vae", timeout=120)
+    assert result.returncode != 0 and "exitcode  : 2" in result.stderr, result.stderr[-3000:]
+    line = "error: --parallel-vae splits a DiT's decoder under xDiT"
+    assert result.stderr.count(line) == 1, result.stderr[-3000:]
+    assert "an SDXL CFG pair already decodes half of the batch's images on each rank" in result.stderr
+
+
+@pytest.mark.slow
 def test_two_rank_group_drains_the_queue(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:
     prompts = [f"group prompt {i}" for i in range(7)]
     output = enqueue(tmp_path, prompts, TINY_FLAGS, "--chunk-size", "3")

@@ -26,6 +26,7 @@ class GroupLayout:
     pipefusion_degree: int = 1
     cfg_parallel: bool = False
     data_parallel_degree: int = 1
+    parallel_vae: bool = False
     timeout_s: int = DEFAULT_TIMEOUT_S
 
     @classmethod
@@ -37,6 +38,7 @@ class GroupLayout:
             "pipefusion_degree": settings.pipefusion_degree,
             "cfg_parallel": settings.cfg_parallel,
             "data_parallel_degree": settings.data_parallel_degree,
+            "parallel_vae": settings.parallel_vae,
             "timeout_s": settings.group_timeout,
         }
         values |= {name: flag for name, flag in flags.items() if flag is not None and flag is not False}
@@ -82,7 +84,8 @@ class GroupLayout:
         )
 
     def describe(self) -> str:
-        return self.arithmetic() + f" ranks, collective timeout {self.timeout_s}s"
+        vae = ", parallel VAE" if self.parallel_vae else ""
+        return self.arithmetic() + f" ranks{vae}, collective timeout {self.timeout_s}s"
 
 
 def dp_slice(batch: int, dp_degree: int, dp_rank: int) -> range:

@@ -91,6 +91,12 @@ class RankEngine:
                 f"{model} is a FLUX model: FLUX.1 is guidance-distilled and has no CFG pass to split; "
                 "drop --cfg-parallel and use --ulysses-degree / --ring-degree"
             )
+        if self.layout.parallel_vae and not (flux and self.layout.model_parallel):
+            raise ConfigError(
+                f"--parallel-vae splits a DiT's decoder under xDiT (--ulysses-degree / --ring-degree / "
+                f"--pipefusion-degree above 1); {model} in this layout decodes on one rank"
+                + ("" if flux else " (an SDXL CFG pair already decodes half of the batch's images on each rank)")
+            )
         if flux and self.layout.model_parallel:
             loaded.pipe = self._wrap_xdit(loaded.pipe, model)
         elif self.layout.cfg_parallel:
@@ -157,7 +163,7 @@ class RankEngine:
     def _wrap_xdit(self, pipe: Any, model: str) -> Any:
         try:
             from xfuser import xFuserArgs, xFuserFluxPipeline
-            from xfuser.core.distributed import init_distributed_environment, is_dp_last_group
+            from xfuser.core.distributed import init_distributed_environment
         except ImportError as exc:
             raise ConfigError(
                 f"--ulysses-degree / --ring-degree / --pipefusion-degree need xDiT: pip install xfuser==0.7.0 ({exc})"
@@ -170,11 +176,14 @@ class RankEngine:
             pipefusion_parallel_degree=self.layout.pipefusion_degree,
             use_cfg_parallel=False,
             data_parallel_degree=self.layout.data_parallel_degree,
+            use_parallel_vae=self.layout.parallel_vae,
         )
         engine_config, _ = args.create_config()
         engine_config.runtime_config.dtype = self.pipelines.dtype if pipe.dtype is None else pipe.dtype
         wrapped = xFuserFluxPipeline(pipe, engine_config)
-        self.holder = bool(is_dp_last_group())
+        # the pipeline's own answer: under the parallel VAE the images end on world rank 0,
+        # otherwise on the last rank of each data-parallel group
+        self.holder = bool(wrapped.is_dp_last_group())
         return wrapped
 
     # -- one batch ---------------------------------------------------------------------------
