@@ -78,6 +78,12 @@ class NotServedHere(WorkerUnavailable):
     """This worker failed to load the job's model or adapter several times and no longer tries."""
 
 
+class NeedsAGroup(WorkerUnavailable):
+    """The job does not fit this single-GPU worker (out of memory at one image, or a model that
+    would have to be offloaded) and a group serves the campaign: it goes to the group lane
+    (:mod:`common.lanes`), retries untouched, and this worker goes on with other jobs."""
+
+
 class OutputRefused(NotServedHere):
     """This one job's output folder cannot be written by this worker (a file in its place, no
     permission there), while other jobs can: the job is given back for other workers and this

@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 
+from common.lanes import MADE_BY_WORKER, campaign_of, lanes, made_by_key
 from common.naming import output_id
 from common.queues import RECENT_WINDOW_S, enqueued_key, images_key, intents_key, items_key, recent_key
 from common.rq_keys import canceled_registry_key, failed_registry_key, queue_key, rq_names, started_registry_key
@@ -61,8 +62,9 @@ REDO_PREFIX = "r:"
 #: there); remake a done item's images and lines
 MAKE, REMAKE_IMAGES, REMAKE_ALL = 0, 1, 2
 
-#: KEYS: items, queue, job hash, rq:queues, images-enqueued counter, images-written counter, the
-#: queue's failed and canceled registries (a job queued again under its old id leaves them).
+#: KEYS: items, queue (the lane the job goes to), job hash, rq:queues, images-enqueued counter,
+#: images-written counter, then the failed and canceled registries of both of the campaign's lanes
+#: (a job queued again under its old id leaves them, whichever lane it was in).
 #: ARGV: job id, n, RQ's job key prefix, RQ's ended statuses (comma-separated; see
 #: :mod:`common.rq_keys`), n item keys, n redo flags, n image counts, job fields... A redo flag
 #: is '0' (make it if it is not done), '1' (done, its images are missing, its lines are there)
@@ -99,8 +101,7 @@ if #taken > 0 then return taken end
 local status = redis.call('HGET', KEYS[3], 'status')
 if status and not ended[status] then return {'*job'} end
 redis.call('DEL', KEYS[3])
-redis.call('ZREM', KEYS[7], ARGV[1])
-redis.call('ZREM', KEYS[8], ARGV[1])
+for k = 7, #KEYS do redis.call('ZREM', KEYS[k], ARGV[1]) end
 local images = 0
 local uncounted = 0
 for i = 1, n do
@@ -142,14 +143,14 @@ end
 return out
 """
 
-#: KEYS: started registry, items, intents, images counter, recent. ARGV: execution member, now,
-#: window start, recent member, the done state (``done:<output id>``), then (item key, images)
-#: pairs. Returns -1 if the execution is no longer this worker's, else the number of images
-#: newly counted.
+#: KEYS: started registry, items, intents, images counter, recent, made-by. ARGV: execution
+#: member, now, window start, recent member, the done state (``done:<output id>``), who made them
+#: (``worker`` or ``group``), then (item key, images) pairs. Returns -1 if the execution is no
+#: longer this worker's, else the number of images newly counted.
 COMMIT = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
 local counted = 0
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local key = ARGV[i]
   local state = redis.call('HGET', KEYS[2], key)
   if not state or string.sub(state, 1, 4) ~= 'done' then
@@ -158,7 +159,10 @@ for i = 6, #ARGV, 2 do
   end
   redis.call('HDEL', KEYS[3], key)
 end
-if counted > 0 then redis.call('INCRBY', KEYS[4], counted) end
+if counted > 0 then
+  redis.call('INCRBY', KEYS[4], counted)
+  redis.call('HINCRBY', KEYS[6], ARGV[6], counted)
+end
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[3])
 return counted
@@ -179,19 +183,25 @@ class Begun:
 
 
 class Ledger:
-    """One queue's ledger: the three scripts, registered once per connection, and every key
+    """One campaign's ledger: the three scripts, registered once per connection, and every key
     they touch, diffq's (``diffq:<queue>:*``) and RQ's (named by rq, :mod:`common.rq_keys`).
-    Callers pass what changes, never a key name."""
+    Callers pass what changes, never a key name.
 
-    def __init__(self, conn: redis.Redis, queue: str) -> None:
+    ``lane`` is the RQ queue the job is in or goes to (the campaign's own, or its group lane,
+    :mod:`common.lanes`); the ledger's keys are the campaign's either way."""
+
+    def __init__(self, conn: redis.Redis, lane: str) -> None:
+        queue = campaign_of(lane)
         self.conn = conn
         self.queue = queue
+        self.lane = lane
         self.items_key = items_key(queue)
         self.intents_key = intents_key(queue)
         self.images_key = images_key(queue)
         self.enqueued_key = enqueued_key(queue)
         self.recent_key = recent_key(queue)
-        self.started_key = started_registry_key(queue)
+        self.made_by_key = made_by_key(queue)
+        self.started_key = started_registry_key(lane)
         self._claim = conn.register_script(CLAIM)
         self._begin = conn.register_script(BEGIN)
         self._commit = conn.register_script(COMMIT)
@@ -222,13 +232,12 @@ class Ledger:
         ]
         keys_ = [
             self.items_key,
-            queue_key(self.queue),
+            queue_key(self.lane),
             rq.job_prefix + job_id,
             rq.queues_key,
             self.enqueued_key,
             self.images_key,
-            failed_registry_key(self.queue),
-            canceled_registry_key(self.queue),
+            *(key for lane in lanes(self.queue) for key in (failed_registry_key(lane), canceled_registry_key(lane))),
         ]
         return self._claim(keys=keys_, args=args, client=client)
 
@@ -240,15 +249,30 @@ class Ledger:
         return [Begun(state.decode(), int(intent) if intent else None) for state, intent in out]
 
     def commit(
-        self, *, member: str, images: dict[str, int], recent_member: str, output: str, now: float | None = None
+        self,
+        *,
+        member: str,
+        images: dict[str, int],
+        recent_member: str,
+        output: str,
+        made_by: str = MADE_BY_WORKER,
+        now: float | None = None,
     ) -> int | None:
-        """Mark the items done in ``output`` and count their images; None if this execution lost
-        the job. ``recent_member`` goes into the window of recent jobs that status computes rates
-        from."""
+        """Mark the items done in ``output`` and count their images (also under ``made_by``, a
+        single worker or a group); None if this execution lost the job. ``recent_member`` goes
+        into the window of recent jobs that status computes rates from."""
         now = time.time() if now is None else now
         pairs = [v for key, count in images.items() for v in (key, count)]
+        done = f"{DONE}:{output_id(output)}"
         out = self._commit(
-            keys=[self.started_key, self.items_key, self.intents_key, self.images_key, self.recent_key],
-            args=[member, now, now - RECENT_WINDOW_S, recent_member, f"{DONE}:{output_id(output)}", *pairs],
+            keys=[
+                self.started_key,
+                self.items_key,
+                self.intents_key,
+                self.images_key,
+                self.recent_key,
+                self.made_by_key,
+            ],
+            args=[member, now, now - RECENT_WINDOW_S, recent_member, done, made_by, *pairs],
         )
         return None if out == -1 else int(out)

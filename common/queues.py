@@ -1,7 +1,9 @@
 """Redis connection, the RQ queue, and the few keys diffq keeps beside RQ's own.
 
 RQ's registries (queued, started, finished, failed, scheduled) are the source of truth for
-job state. Beside them we keep only what RQ cannot tell us:
+job state. A campaign has two RQ queues, ``<queue>`` and its group lane ``<queue>:group``
+(:mod:`common.lanes`); the keys below are the campaign's, whichever lane names them. Beside
+RQ's lists we keep only what RQ cannot tell us:
 
 - ``diffq:<queue>:items`` — the ledger (:mod:`common.ledger`): item key → job id while queued,
   ``done`` once its images are written and recorded. This is what makes a re-run of the
@@ -11,6 +13,7 @@ job state. Beside them we keep only what RQ cannot tell us:
 - ``diffq:<queue>:images`` — counter of images recorded; equals the PNGs on disk.
 - ``diffq:<queue>:enqueued`` — counter of images ever queued (new items only): the campaign's size.
 - ``diffq:<queue>:paused`` — worker name → why it stopped taking jobs (disk full, ...).
+- ``diffq:<queue>:made-by`` — images recorded by who made them: single workers, groups.
 - ``diffq:<queue>:recent`` — sorted set of recent completions (score: time; member
   ``<job id>:<images>:<seconds the job ran>``) for throughput.
 """
@@ -32,6 +35,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
+from common.lanes import campaign_of
 from common.rq_keys import finished_registry_key, rq_names
 from common.settings import redact
 
@@ -150,46 +154,47 @@ class LeanJob(Job):
         return {k: v for k, v in super().to_dict(include_meta, include_result).items() if v != ""}
 
 
-def get_queue(name: str, conn: redis.Redis, *, lean: bool = False) -> Queue:
+def get_queue(name: str, conn: redis.Redis, *, lean: bool = False, queue_class: type[Queue] = Queue) -> Queue:
     """The RQ queue ``name``, always with the JSON serializer: a job payload can never be pickle.
-    ``lean`` for the producer: jobs are created as :class:`LeanJob`."""
-    return Queue(name, connection=conn, serializer=JSONSerializer, job_class=LeanJob if lean else Job)
+    ``lean`` for the producer: jobs are created as :class:`LeanJob`. ``queue_class``: a worker of
+    several lanes takes them with :class:`common.lanes.LaneQueue`."""
+    return queue_class(name, connection=conn, serializer=JSONSerializer, job_class=LeanJob if lean else Job)
 
 
 def items_key(queue: str) -> str:
-    return f"diffq:{queue}:items"
+    return f"diffq:{campaign_of(queue)}:items"
 
 
 def images_key(queue: str) -> str:
-    return f"diffq:{queue}:images"
+    return f"diffq:{campaign_of(queue)}:images"
 
 
 def recent_key(queue: str) -> str:
-    return f"diffq:{queue}:recent"
+    return f"diffq:{campaign_of(queue)}:recent"
 
 
 def intents_key(queue: str) -> str:
-    return f"diffq:{queue}:intents"
+    return f"diffq:{campaign_of(queue)}:intents"
 
 
 def paused_key(queue: str) -> str:
-    return f"diffq:{queue}:paused"
+    return f"diffq:{campaign_of(queue)}:paused"
 
 
 def enqueued_key(queue: str) -> str:
-    return f"diffq:{queue}:enqueued"
+    return f"diffq:{campaign_of(queue)}:enqueued"
 
 
 def checked_key(queue: str) -> str:
     """Fingerprints of prompts files (content and flags) that passed ``producer enqueue``'s check."""
-    return f"diffq:{queue}:checked"
+    return f"diffq:{campaign_of(queue)}:checked"
 
 
 def seen_key(queue: str) -> str:
     """``<host>\t<output>`` of the hosts where a local output folder was seen: by a producer
     that found it, or by a worker that wrote into it. If it is gone later on such a host, it was
     deleted (its images are made again), not merely out of this host's sight."""
-    return f"diffq:{queue}:seen"
+    return f"diffq:{campaign_of(queue)}:seen"
 
 
 def seen_member(output: str) -> str:
@@ -200,12 +205,12 @@ def seen_member(output: str) -> str:
 def cancelled_key(queue: str) -> str:
     """When ``producer cancel`` last cancelled the queue's campaign: an enqueue that began before
     stops topping the queue up."""
-    return f"diffq:{queue}:cancelled-at"
+    return f"diffq:{campaign_of(queue)}:cancelled-at"
 
 
 def finished_key(queue: str) -> str:
     """Jobs finished since the campaign began (RQ's finished registry keeps only the newest)."""
-    return f"diffq:{queue}:finished"
+    return f"diffq:{campaign_of(queue)}:finished"
 
 
 #: KEYS: finished registry, finished counter. ARGV: jobs to keep, most to delete in one call,

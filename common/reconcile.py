@@ -37,6 +37,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import parse_composite_key
 from rq.worker import Worker
 
+from common.lanes import campaign_of, is_group_lane, lanes
 from common.queues import enqueued_key, images_key
 from common.rq_keys import rq_names
 
@@ -64,6 +65,8 @@ class Left:
     lost_ids: list[str] = field(default_factory=list)
     images_enqueued: int = 0
     images_written: int = 0
+    #: of ``queued``, the jobs in the group lane: only a group takes them
+    for_groups: int = 0
 
     @property
     def pending(self) -> int:
@@ -83,37 +86,59 @@ def live_workers(conn: redis.Redis, queue: str, ttl: float, now: float | None = 
     return live
 
 
-def left(conn: redis.Redis, queue: str, *, ttl: float, now: float | None = None, me: str | None = None) -> Left:
-    """Where every job of ``queue`` is now. O(1) in the queue's length: list and set sizes, plus
-    the intermediate list (at most one entry per worker) and the expired executions.
+def left(
+    conn: redis.Redis,
+    queue: str,
+    *,
+    ttl: float,
+    now: float | None = None,
+    me: str | None = None,
+    lane: str | None = None,
+) -> Left:
+    """Where every job of the campaign ``queue`` is now, in both its lanes (:mod:`common.lanes`).
+    O(1) in the queue's length: list and set sizes, plus the intermediate lists (at most one
+    entry per worker) and the expired executions.
 
     ``ttl`` is the heartbeat TTL. ``me``: the asking worker, which holds nothing in the
-    intermediate list at this moment (between jobs): if no other worker is alive, everything in
-    that list is lost now rather than after a TTL."""
+    intermediate list at this moment (between jobs): if no other worker of a lane is alive,
+    everything in that lane's list is lost now rather than after a TTL. ``lane``: that lane's
+    jobs only (a worker deciding whether the lanes it serves are drained); the image counters
+    are the campaign's either way."""
     now = time.time() if now is None else now
-    started = StartedJobRegistry(queue, connection=conn).key
+    campaign = campaign_of(queue)
+    read = lanes(campaign) if lane is None else (lane,)
+    state = Left()
     with conn.pipeline(transaction=False) as pipe:
-        pipe.llen(Queue(queue, connection=conn).key)
-        pipe.zcount(started, f"({now}", "+inf")
-        pipe.zrangebyscore(started, "-inf", now)
-        pipe.zcard(ScheduledJobRegistry(queue, connection=conn).key)
-        pipe.zcard(DeferredJobRegistry(queue, connection=conn).key)
-        pipe.lrange(intermediate_key(queue), 0, -1)
-        pipe.hgetall(intermediate_seen_key(queue))
-        pipe.get(enqueued_key(queue))
-        pipe.get(images_key(queue))
-        queued, running, expired, scheduled, deferred, taken, seen, enqueued, written = pipe.execute()
-    state = Left(queued=queued, running=running, retrying=scheduled + deferred)
+        for name in read:
+            started = StartedJobRegistry(name, connection=conn).key
+            pipe.llen(Queue(name, connection=conn).key)
+            pipe.zcount(started, f"({now}", "+inf")
+            pipe.zrangebyscore(started, "-inf", now)
+            pipe.zcard(ScheduledJobRegistry(name, connection=conn).key)
+            pipe.zcard(DeferredJobRegistry(name, connection=conn).key)
+            pipe.lrange(intermediate_key(name), 0, -1)
+            pipe.hgetall(intermediate_seen_key(name))
+        pipe.get(enqueued_key(campaign))
+        pipe.get(images_key(campaign))
+        answers = pipe.execute()
+    enqueued, written = answers[-2:]
     state.images_enqueued, state.images_written = int(enqueued or 0), int(written or 0)
-    state.lost_ids = [parse_composite_key(raw.decode())[0] for raw in expired]
-    if taken:
-        nobody = not (live_workers(conn, queue, ttl, now) - {me})
-        for raw in dict.fromkeys(taken):
-            first = seen.get(raw)
-            if nobody or (first is not None and now - float(first) >= ttl):
-                state.lost_ids.append(raw.decode())
-            else:
-                state.starting += 1
+    for at, name in zip(range(0, len(answers) - 2, 7), read, strict=True):
+        queued, running, expired, scheduled, deferred, taken, seen = answers[at : at + 7]
+        state.queued += queued
+        state.running += running
+        state.retrying += scheduled + deferred
+        if is_group_lane(name):
+            state.for_groups = queued
+        state.lost_ids += [parse_composite_key(raw.decode())[0] for raw in expired]
+        if taken:
+            nobody = not (live_workers(conn, name, ttl, now) - {me})
+            for raw in dict.fromkeys(taken):
+                first = seen.get(raw)
+                if nobody or (first is not None and now - float(first) >= ttl):
+                    state.lost_ids.append(raw.decode())
+                else:
+                    state.starting += 1
     state.lost = len(state.lost_ids)
     return state
 
@@ -127,9 +152,9 @@ def spec_images(job: Job) -> int:
 
 
 def failed_images(conn: redis.Redis, queue: str, most: int = 10_000) -> int:
-    """Images of the jobs in the failed registry (failed, or stopped on request), from their
-    specs: with :class:`Left`'s counters, what no job will write unless it is retried."""
-    ids = FailedJobRegistry(queue, connection=conn).get_job_ids(0, most - 1)
+    """Images of the jobs in the campaign's failed registries (failed, or stopped on request),
+    from their specs: with :class:`Left`'s counters, what no job will write unless it is retried."""
+    ids = [i for lane in lanes(queue) for i in FailedJobRegistry(lane, connection=conn).get_job_ids(0, most - 1)]
     jobs = Job.fetch_many(ids, connection=conn, serializer=JSONSerializer)
     return sum(spec_images(job) for job in jobs if job is not None)
 

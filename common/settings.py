@@ -46,6 +46,8 @@ ENV_NAMES: dict[str, str] = {
     "pipefusion_degree": "DIFFQ_PIPEFUSION_DEGREE",
     "cfg_parallel": "DIFFQ_CFG_PARALLEL",
     "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
+    "parallel_vae": "DIFFQ_PARALLEL_VAE",
+    "group_jobs_only": "DIFFQ_GROUP_JOBS_ONLY",
     "group_timeout": "DIFFQ_GROUP_TIMEOUT",
     "overlap_save": "DIFFQ_OVERLAP_SAVE",
     "compile_cache": "DIFFQ_COMPILE_CACHE",
@@ -123,6 +125,12 @@ class Settings:
     pipefusion_degree: int = 1
     cfg_parallel: bool = False
     data_parallel_degree: int = 1
+    #: a DiT group's ranks each decode a slice of the image (xDiT's DistVAE): for 2048² and up,
+    #: where one GPU's decoder memory is the limit
+    parallel_vae: bool = False
+    #: a group takes only its campaign's group lane (``producer enqueue --latency``, and jobs too
+    #: big for a single worker), never the shared queue: kept free for the jobs that need it
+    group_jobs_only: bool = False
     #: seconds a rank waits for the others inside a job before the group exits
     group_timeout: int = 300
 

@@ -26,6 +26,7 @@ from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry, DeferredJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
+from common.lanes import lanes
 from common.queues import cancelled_key, get_queue
 from common.reconcile import intermediate_key, left, spec_images
 
@@ -66,15 +67,22 @@ def _cancel_all(conn: redis.Redis, queue: str, ids: list[str], report: CancelRep
 
 
 def cancel(conn: redis.Redis, queue: str, *, ttl: float, dry_run: bool = False) -> CancelReport:
-    """Cancel every job of ``queue`` that is not over (see the module docstring)."""
+    """Cancel every job of the campaign ``queue`` that is not over, in both its lanes
+    (:mod:`common.lanes`; see the module docstring)."""
     report = CancelReport()
-    q = get_queue(queue, conn)
     if not dry_run:
         conn.set(cancelled_key(queue), time.time())
+    for lane in lanes(queue):
+        _cancel_lane(conn, lane, report, ttl=ttl, dry_run=dry_run)
+    return report
+
+
+def _cancel_lane(conn: redis.Redis, queue: str, report: CancelReport, *, ttl: float, dry_run: bool) -> None:
+    q = get_queue(queue, conn)
     # 1. queued: off the list a batch at a time (a worker may still pop one meanwhile: step 3 stops it)
     if dry_run:
         ids = [i.decode() for i in conn.lrange(q.key, 0, -1)]
-        report.queued = _cancel_all(conn, queue, ids, report, dry_run=True)
+        report.queued += _cancel_all(conn, queue, ids, report, dry_run=True)
     else:
         while batch := conn.lpop(q.key, BATCH):
             report.queued += _cancel_all(conn, queue, [i.decode() for i in batch], report, dry_run=False)
@@ -86,7 +94,7 @@ def cancel(conn: redis.Redis, queue: str, *, ttl: float, dry_run: bool = False) 
                 registry.remove(jid)
         report.retrying += _cancel_all(conn, queue, ids, report, dry_run)
     # 3. running: RQ's stop-job to the worker that runs it; taken or lost: cancelled here
-    place = left(conn, queue, ttl=ttl)
+    place = left(conn, queue, ttl=ttl, lane=queue)
     for jid in q.started_job_registry.get_job_ids(cleanup=False):
         if jid in place.lost_ids:
             continue
@@ -109,8 +117,7 @@ def cancel(conn: redis.Redis, queue: str, *, ttl: float, dry_run: bool = False) 
             for entry in conn.zrange(q.started_job_registry.key, 0, -1):
                 if entry.decode().startswith(f"{jid}:"):
                     conn.zrem(q.started_job_registry.key, entry)
-    report.starting = _cancel_all(conn, queue, stuck, report, dry_run)
-    return report
+    report.starting += _cancel_all(conn, queue, stuck, report, dry_run)
 
 
 def describe(report: CancelReport, queue: str, dry_run: bool) -> list[str]:

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
+from common.lanes import group_lane, lanes
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
 from common.settings import Settings, is_placeholder, redact
@@ -112,6 +114,8 @@ def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--max-queued", type=int, help="Keep at most this many jobs queued, waiting for workers to take "
               "some (bounds Redis memory; 0: no limit) "
               f"[env DIFFQ_MAX_QUEUED; {_default(Settings, 'max_queued')}].")  # fmt: skip
+@click.option("--latency", is_flag=True, help="For one image soon rather than many per GPU-hour: the jobs go to "
+              "the queue's group lane, which only multi-GPU groups (python -m worker.group) take, first.")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Validate and count; enqueue nothing.")
 @click.option(
     "--no-path-checks", is_flag=True, help="Do not check that adapter paths exist here (only the workers see them)."
@@ -175,7 +179,7 @@ def enqueue(file: Path, **opts: Any) -> None:
         )
         return
 
-    options = EnqueueOptions.from_settings(settings, output)
+    options = replace(EnqueueOptions.from_settings(settings, output), latency=opts["latency"])
     bar = Progress("enqueue", rows, "rows")
     enqueuer = Enqueuer(conn, settings.queue, options)
     enqueuer.on_wait = lambda queued: bar.update(
@@ -190,7 +194,8 @@ def enqueue(file: Path, **opts: Any) -> None:
         + f", {report.known_items} already queued or done"
         + (f", {report.failed_items} failed earlier (producer retry-failed)" if report.failed_items else "")
         + f": enqueued {report.jobs} job(s), {report.images} image(s) on queue {settings.queue!r} "
-        f"at {redact(settings.redis_url)}; images go to {output}"
+        + (f"(its group lane {group_lane(settings.queue)!r}: only groups take them) " if opts["latency"] else "")
+        + f"at {redact(settings.redis_url)}; images go to {output}"
     )
     if enqueuer.output_gone and report.missing_images:
         click.echo(f"output {output} is gone: its {report.missing_images} done item(s) are made again", err=True)
@@ -485,16 +490,16 @@ def retry_failed(queue: str | None, redis_url: str | None, everything: bool) -> 
     """
     settings = Settings.load(queue=queue, redis_url=redis_url)
     conn = connect(settings.redis_url)
-    q = get_queue(settings.queue, conn)
-    registry = FailedJobRegistry(queue=q)
-    ids = registry.get_job_ids()
     requeued = kept = 0
-    for jid, job in zip(ids, Job.fetch_many(ids, connection=conn, serializer=JSONSerializer), strict=True):
-        if job is not None and job.meta.get("permanent") and not everything:
-            kept += 1
-            continue
-        registry.requeue(jid)
-        requeued += 1
+    for lane in lanes(settings.queue):  # each job goes back to its own lane
+        registry = FailedJobRegistry(queue=get_queue(lane, conn))
+        ids = registry.get_job_ids()
+        for jid, job in zip(ids, Job.fetch_many(ids, connection=conn, serializer=JSONSerializer), strict=True):
+            if job is not None and job.meta.get("permanent") and not everything:
+                kept += 1
+                continue
+            registry.requeue(jid)
+            requeued += 1
     click.echo(f"re-queued {requeued} failed job(s) on queue {settings.queue!r}")
     if kept:
         click.echo(

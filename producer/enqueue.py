@@ -24,6 +24,7 @@ from rq.utils import now
 
 from common.errors import CampaignCancelled, ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
+from common.lanes import group_lane, lanes
 from common.ledger import MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger, is_done
 from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
 from common.queues import TASK_FUNC, cancelled_key, get_queue, items_key, seen_key, seen_member
@@ -54,6 +55,8 @@ class EnqueueOptions:
     retry_intervals: tuple[int, ...]
     #: at most this many jobs queued; 0: no limit
     max_queued: int = 0
+    #: the jobs go to the group lane (:mod:`common.lanes`): only multi-GPU groups take them
+    latency: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, output: str) -> EnqueueOptions:
@@ -179,8 +182,10 @@ class Enqueuer:
 
     def __init__(self, conn: redis.Redis, queue_name: str, options: EnqueueOptions) -> None:
         self.conn = conn
-        self.queue: Queue = get_queue(queue_name, conn, lean=True)
-        self.ledger = Ledger(conn, self.queue.name)
+        self.campaign = queue_name
+        lane = group_lane(queue_name) if options.latency else queue_name
+        self.queue: Queue = get_queue(lane, conn, lean=True)
+        self.ledger = Ledger(conn, lane)
         self.items_key = items_key(queue_name)
         self.options = options
         self.report = EnqueueReport()
@@ -320,7 +325,7 @@ class Enqueuer:
         if not limit:
             return 1 << 30
         delay = 0.05
-        while (queued := self.conn.llen(self.queue.key)) >= limit:
+        while (queued := sum(self.conn.llen(get_queue(lane, self.conn).key) for lane in lanes(self.campaign))) >= limit:
             self._check_not_cancelled()
             if self.on_wait:
                 self.on_wait(queued)
@@ -329,10 +334,10 @@ class Enqueuer:
         return limit - queued
 
     def _check_not_cancelled(self) -> None:
-        at = self.conn.get(cancelled_key(self.queue.name))
+        at = self.conn.get(cancelled_key(self.campaign))
         if at is not None and float(at) > self._began:
             raise CampaignCancelled(
-                f"queue {self.queue.name!r} was cancelled (producer cancel) while this enqueue ran: "
+                f"queue {self.campaign!r} was cancelled (producer cancel) while this enqueue ran: "
                 f"{self.report.jobs} job(s) queued before that; run the same command to resume"
             )
 
@@ -380,7 +385,7 @@ class Enqueuer:
         """Queue CLAIM of one chunk's job on ``pipe``; return its spec."""
         keys = [key for key, _ in keyed]
         spec = JobSpec(params=params, output=self.options.output, items=tuple(i for _, i in keyed))
-        jid = job_id(keys, spec.output, self.queue.name)
+        jid = job_id(keys, spec.output, self.campaign)  # the same id in either lane
         job = self.queue.create_job(
             TASK_FUNC,
             kwargs={"spec": spec.to_dict()},

@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from rq import Queue
 
+from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, campaign_of
 from producer.status import collect
 
 #: the states ``diffq_jobs`` has, in the order ``producer status`` prints them
@@ -30,7 +31,8 @@ class QueueCollector(Collector):
         self.conn, self.ttl, self.queues = conn, ttl, queues
 
     def collect(self) -> Iterator[Metric]:
-        names = self.queues or sorted(q.name for q in Queue.all(connection=self.conn))
+        # a campaign's group lane is its own RQ queue; the campaign is one series
+        names = self.queues or sorted({campaign_of(q.name) for q in Queue.all(connection=self.conn)})
         jobs = GaugeMetricFamily("diffq_jobs", "Jobs by place (as producer status)", labels=["queue", "state"])
         enqueued = _gauge("diffq_images_enqueued", "Images of the campaign (every item ever queued)")
         written = _gauge("diffq_images_written", "Images written and recorded (the ledger's count)")
@@ -39,6 +41,11 @@ class QueueCollector(Collector):
         workers = _gauge("diffq_workers", "Live workers of the queue")
         paused = _gauge("diffq_workers_paused", "Live workers that take no jobs")
         complete = _gauge("diffq_complete", "1 when every image of the campaign is written")
+        for_groups = _gauge("diffq_jobs_for_groups", "Queued jobs only a group takes (the group lane)")
+        groups = _gauge("diffq_groups", "Live xDiT groups serving the queue")
+        made = GaugeMetricFamily(
+            "diffq_images_made", "Images written, by who made them (worker, group)", labels=["queue", "by"]
+        )
         for name in names:
             st = collect(self.conn, name, stale_after_s=self.ttl)
             counts = {
@@ -54,7 +61,11 @@ class QueueCollector(Collector):
             workers.add_metric([name], len(st.workers))
             paused.add_metric([name], len(st.paused))
             complete.add_metric([name], 1.0 if st.complete else 0.0)
-        yield from (jobs, enqueued, written, missing, rate, workers, paused, complete)
+            for_groups.add_metric([name], st.for_groups)
+            groups.add_metric([name], len(st.groups))
+            for by in (MADE_BY_WORKER, MADE_BY_GROUP):
+                made.add_metric([name, by], st.made_by.get(by, 0))
+        yield from (jobs, enqueued, written, missing, rate, workers, paused, complete, for_groups, groups, made)
 
 
 def _gauge(name: str, text: str) -> GaugeMetricFamily:

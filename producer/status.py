@@ -22,6 +22,7 @@ from rq.job import Job
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, is_group_lane, lanes, made_by_key
 from common.queues import RECENT_WINDOW_S, finished_key, get_queue, paused_key, recent_key
 from common.reconcile import failed_images, left
 from producer.progress import format_duration
@@ -94,6 +95,17 @@ class QueueStatus:
     paused: dict[str, list[str]] = field(default_factory=dict)
     #: the workers were looked at (``collect(details=True)``)
     details: bool = False
+    #: of ``queued``, the jobs only a group takes (the group lane, :mod:`common.lanes`)
+    for_groups: int = 0
+    #: live workers that serve the group lane (xDiT groups' rank 0)
+    groups: list[str] = field(default_factory=list)
+    #: images written, by who made them: ``worker`` (single-GPU workers) and ``group``
+    made_by: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def waiting_for_a_group(self) -> bool:
+        """Jobs wait in the group lane and no group serves the campaign: they cannot move."""
+        return self.details and self.for_groups > 0 and not self.groups
 
     @property
     def stalled(self) -> str | None:
@@ -103,6 +115,8 @@ class QueueStatus:
             return None
         if not self.workers:
             return "no live worker"
+        if self.waiting_for_a_group and self.pending == self.for_groups:
+            return f"{self.for_groups} job(s) wait for a group and no group serves this queue"
         if all(name in self.paused for name in self.workers):
             reasons = sorted({reason for name in self.workers for reason in self.paused[name]})
             return "all workers paused: " + "; ".join(reasons)
@@ -172,6 +186,9 @@ class QueueStatus:
             "running": [r.__dict__ | {"fraction": round(r.fraction, 3)} for r in self.running_jobs],
             "failures": [f.__dict__ for f in self.failures],
             "workers": self.workers,
+            "groups": self.groups,
+            "for_groups": self.for_groups,
+            "made_by": self.made_by,
             "paused": self.paused,
         }
 
@@ -208,21 +225,25 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
     of RQ's lists (``stale_after_s`` is the heartbeat TTL). ``details``: also the running jobs'
     progress, the live workers (heard from in the last ``stale_after_s`` seconds) and the first
     failures."""
-    queue = get_queue(queue_name, conn)
-    kw = {"queue": queue}
     place = left(conn, queue_name, ttl=stale_after_s)
     status = QueueStatus(queue=queue_name)
     with conn.pipeline(transaction=False) as pipe:
-        pipe.zcard(FinishedJobRegistry(**kw).key)
-        pipe.zcard(FailedJobRegistry(**kw).key)
-        pipe.zcard(CanceledJobRegistry(**kw).key)
+        for lane in lanes(queue_name):
+            kw = {"queue": get_queue(lane, conn)}
+            pipe.zcard(FinishedJobRegistry(**kw).key)
+            pipe.zcard(FailedJobRegistry(**kw).key)
+            pipe.zcard(CanceledJobRegistry(**kw).key)
         pipe.get(finished_key(queue_name))
         now = time.time()
         pipe.zcount(recent_key(queue_name), now - RECENT_WINDOW_S, "+inf")
         pipe.zrangebyscore(
             recent_key(queue_name), now - RECENT_WINDOW_S, "+inf", start=0, num=RATE_SAMPLE, withscores=True
         )
-        finished, failed, cancelled, counted, total, recent = pipe.execute()
+        pipe.hgetall(made_by_key(queue_name))
+        *sizes, counted, total, recent, made_by = pipe.execute()
+    finished, failed, cancelled = (sum(sizes[i::3]) for i in range(3))
+    status.made_by = {k.decode(): int(v) for k, v in sorted(made_by.items())}
+    status.for_groups = place.for_groups
     status.queued, status.running, status.scheduled = place.queued, place.running, place.retrying
     status.starting, status.lost = place.starting, place.lost
     # RQ's registry keeps only the newest finished jobs (DIFFQ_KEEP_FINISHED); the counter has them all
@@ -263,21 +284,24 @@ def rates(recent: list[tuple[bytes, float]], now: float, total: int | None = Non
 
 
 def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus, stale_after_s: float) -> None:
-    queue = get_queue(queue_name, conn)
-    running_ids = StartedJobRegistry(queue=queue).get_job_ids()[:MAX_RUNNING_SHOWN]
+    queues = [get_queue(lane, conn) for lane in lanes(queue_name)]
+    running_ids = [jid for q in queues for jid in StartedJobRegistry(queue=q).get_job_ids()][:MAX_RUNNING_SHOWN]
     jobs = Job.fetch_many(running_ids, connection=conn, serializer=JSONSerializer)
     status.running_jobs = [_running(jid, job) for jid, job in zip(running_ids, jobs, strict=True)]
     now = time.time()
-    live = []
-    for worker in Worker.all(queue=queue):
-        beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
-        if now - beat <= stale_after_s:  # a dead worker's key lingers until its TTL expires
-            live.append(worker.name)
+    live: dict[str, set[str]] = {}
+    for q in queues:  # a group serves both lanes, a single worker the first
+        for worker in Worker.all(queue=q):
+            beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
+            if now - beat <= stale_after_s:  # a dead worker's key lingers until its TTL expires
+                live.setdefault(worker.name, set()).add(q.name)
     status.workers = sorted(live)
+    status.groups = sorted(name for name, served in live.items() if any(is_group_lane(q) for q in served))
     for name, raw in conn.hgetall(paused_key(queue_name)).items():
         if name.decode() in status.workers:
             status.paused[name.decode()] = json.loads(raw).get("reasons", [])
-    failed_ids = FailedJobRegistry(queue=queue).get_job_ids(0, MAX_FAILURES_SHOWN - 1)
+    failed_ids = [jid for q in queues for jid in FailedJobRegistry(queue=q).get_job_ids(0, MAX_FAILURES_SHOWN - 1)]
+    failed_ids = failed_ids[:MAX_FAILURES_SHOWN]
     for jid, job in zip(
         failed_ids, Job.fetch_many(failed_ids, connection=conn, serializer=JSONSerializer), strict=True
     ):
@@ -288,7 +312,7 @@ def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus, stale
 def render(status: QueueStatus, redis_label: str) -> str:
     lines = [
         f"queue {status.queue!r} on {redis_label}",
-        f"  queued    {status.queued}",
+        f"  queued    {status.queued}" + (f" ({status.for_groups} for groups only)" if status.for_groups else ""),
         f"  running   {status.running}",
     ]
     lines += [f"    {r.job_id} on {r.worker}: {r.text()}" for r in status.running_jobs]
@@ -312,6 +336,16 @@ def render(status: QueueStatus, redis_label: str) -> str:
     total = f" of {status.images_enqueued}" if status.images_enqueued else ""
     progress = f" ({100 * status.progress:.1f}% done, running jobs' steps included)" if status.progress else ""
     lines.append(f"  images    {status.images_written}{total} written{progress if status.pending else ''}")
+    if len(status.made_by) > 1 or status.made_by.get(MADE_BY_GROUP):
+        by = {MADE_BY_WORKER: "single-GPU workers", MADE_BY_GROUP: "groups"}
+        kinds = [kind for kind in by if kind in status.made_by] + sorted(set(status.made_by) - set(by))
+        made = ", ".join(f"{status.made_by[kind]} by {by.get(kind, kind)}" for kind in kinds)
+        lines.append(f"  made      {made}")
+    if status.waiting_for_a_group:
+        lines.append(
+            f"  waiting   {status.for_groups} job(s) for a group, and no group serves this queue: start one "
+            "(torchrun ... -m worker.group --queue " + status.queue + "); single-GPU workers do not take them"
+        )
     if status.unaccounted:
         lines.append(
             f"  missing   {status.unaccounted} image(s) in no job (stopped, cancelled or deleted): "
@@ -326,6 +360,8 @@ def render(status: QueueStatus, redis_label: str) -> str:
     else:
         lines.append(f"  rate      - (no job finished in the last {RECENT_WINDOW_S // 60} minutes)")
     lines.append(f"  workers   {len(status.workers)}" + (": " + ", ".join(status.workers) if status.workers else ""))
+    if status.groups:
+        lines.append(f"  groups    {len(status.groups)} of them serve the group lane: " + ", ".join(status.groups))
     for name, reasons in sorted(status.paused.items()):
         lines += [f"  paused    {name}: {reason}" for reason in reasons]
     return "\n".join(lines)

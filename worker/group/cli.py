@@ -107,6 +107,19 @@ def _launcher_store() -> Any:
     help="Groups of ranks that each make part of a batch [DIFFQ_DATA_PARALLEL_DEGREE].",
 )
 @click.option(
+    "--parallel-vae",
+    "--use_parallel_vae",
+    is_flag=True,
+    default=None,
+    help="Every rank decodes a slice of each image (DiT; xDiT's DistVAE), for 2048² and up [DIFFQ_PARALLEL_VAE=1].",
+)
+@click.option(
+    "--group-jobs-only",
+    is_flag=True,
+    default=None,
+    help="Take only the queue's group lane (jobs for groups), not the shared queue [DIFFQ_GROUP_JOBS_ONLY=1].",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=int,
@@ -128,6 +141,7 @@ def main(**opts: Any) -> None:
             dtype=opts["dtype"],
             cache_dir=opts["cache_dir"],
             device=opts["device"],
+            group_jobs_only=opts["group_jobs_only"],
         )
         layout = GroupLayout.load(
             settings,
@@ -136,6 +150,7 @@ def main(**opts: Any) -> None:
             pipefusion_degree=opts["pipefusion_degree"],
             cfg_parallel=opts["cfg_parallel"],
             data_parallel_degree=opts["data_parallel_degree"],
+            parallel_vae=opts["parallel_vae"],
             timeout_s=opts["timeout_s"],
         )
         layout.check_world(world)
@@ -205,6 +220,7 @@ def _lead(
     world: int,
     stop_early: bool,
 ) -> int:
+    from common.lanes import MADE_BY_GROUP, LaneQueue, group_lane
     from common.queues import get_queue
     from worker.group.leader import GroupPipelines, GroupWorker
     from worker.serving.runtime import Runtime
@@ -215,10 +231,13 @@ def _lead(
     name = opts["name"] or f"diffq-group-{label}-{host}-{os.getpid()}"
     from worker.group.comm import local_peers
 
-    queues = [get_queue(settings.queue, conn)]
-    rt = Runtime(settings, group, worker_name=name)
+    # the group lane first, at every job boundary; then the campaign's own queue (common/lanes.py)
+    lanes = [group_lane(settings.queue)] + ([] if settings.group_jobs_only else [settings.queue])
+    queues = [get_queue(lane, conn, queue_class=LaneQueue) for lane in lanes]
+    rt = Runtime(settings, group, worker_name=name, made_by=MADE_BY_GROUP)
     worker = GroupWorker(
         queues,
+        queue_class=LaneQueue,
         connection=conn,
         name=name,
         group=group,
@@ -226,7 +245,10 @@ def _lead(
         runtime=rt,
         heartbeat_ttl=settings.heartbeat_ttl,
     )
-    log.info("worker %s serving queue %r at %s", name, settings.queue, redact(settings.redis_url))
+    log.info(
+        "worker %s serving queue %r (its group lane %r first) at %s",
+        name, settings.queue, group_lane(settings.queue), redact(settings.redis_url),
+    )  # fmt: skip
     code = 0
     try:
         if stop_early:

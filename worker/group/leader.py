@@ -22,18 +22,28 @@ from rq.job import Job
 from rq.queue import Queue
 
 from common.errors import DiffqError, ModelLoadError, PermanentJobError
+from common.lanes import is_group_lane
 from common.processes import alive
 from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost
 from worker.group.engine import RankEngine
 from worker.pipelines.backend import Batch
 from worker.pipelines.generate import BatchResult
 from worker.pipelines.warm import LoadedPipeline
+from worker.serving.recovery import put_back_taken
 from worker.serving.rqworker import DiffqWorker
 
 log = logging.getLogger("diffq.group")
 
 #: seconds a peer must have been dead before the keeper gives up on a stuck main thread
 PEER_GRACE_S = 10.0
+
+
+def _model_of(job: Job) -> str | None:
+    """The model a diffq job asks for, or None (not a diffq job: the task says what is wrong)."""
+    try:
+        return str(job.kwargs["spec"]["params"]["model"])
+    except (KeyError, TypeError):
+        return None
 
 
 class RankFailed(DiffqError):
@@ -180,7 +190,29 @@ class GroupWorker(DiffqWorker):
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         if self.group.stop_asked:  # a rank got SIGTERM during the last job
             self.stop_after_job()
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        while True:
+            result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            if result is None:
+                return None
+            job, queue = result
+            model = _model_of(job)
+            if is_group_lane(queue.name) or model is None or model == self.group.engine.model:
+                return result
+            # the campaign's own queue holds another model's jobs: the single workers' work, not
+            # a failure; from now on this group serves its own lane only
+            put_back_taken(queue, job.id)
+            self.queues = self._ordered_queues = [q for q in self.queues if is_group_lane(q.name)]
+            log.warning(
+                "queue %r holds jobs for %s and this group serves %s: job %s put back for single-GPU workers; "
+                "the group takes only its lane %r from now on",
+                queue.name, model, self.group.engine.model, job.id, self.queues[0].name if self.queues else "-",
+            )  # fmt: skip
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """RQ takes a job out of its lane's intermediate list only for a worker of one queue (it
+        pops several with BLPOP, which skips that list); a group takes each lane with LMOVE
+        (:class:`common.lanes.LaneQueue`), so the job leaves the list here, as it starts."""
+        super().prepare_job_execution(job, remove_from_intermediate_queue=True)
 
     def idle(self) -> None:
         """Ping every rank: a dead or stuck one is found while the queue is empty, too."""

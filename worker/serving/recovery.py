@@ -62,6 +62,13 @@ return 1
 """
 
 
+def put_back_taken(queue: Queue, job_id: str) -> bool:
+    """Put a job this worker took (it is in RQ's intermediate list, not started) back at the
+    front of ``queue``, for another worker: one this worker cannot serve."""
+    keys = [queue.intermediate_queue_key, queue.key, queue.started_job_registry.key, Job.key_for(job_id)]
+    return bool(queue.connection.eval(_UNSTICK, len(keys), *keys, job_id, JobStatus.QUEUED.value))
+
+
 def requeue_abandoned(
     queue: Queue, stuck_after_s: float = 30.0, now: float | None = None, *, me: str | None = None
 ) -> list[str]:
@@ -164,7 +171,7 @@ def unfinished_elsewhere(queues: list[Queue], ttl: float, me: str, poll_s: float
     earliest: float | None = None
     running = starting = 0
     for queue in queues:
-        state = left(queue.connection, queue.name, ttl=ttl, me=me)
+        state = left(queue.connection, queue.name, ttl=ttl, me=me, lane=queue.name)
         if state.lost:
             back = requeue_abandoned(queue, stuck_after_s=ttl, me=me)
             if back:

@@ -43,8 +43,9 @@ from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 from rq.worker.base import SHUTDOWN_SIGNAL
 
-from common.errors import NotServedHere, OutputUnavailable, WorkerUnavailable
-from common.queues import WAY_OUT, paused_key, retire_finished
+from common.errors import NeedsAGroup, NotServedHere, OutputUnavailable, WorkerUnavailable
+from common.lanes import group_lane
+from common.queues import WAY_OUT, get_queue, paused_key, retire_finished
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
@@ -418,6 +419,10 @@ class DiffqWorker(SimpleWorker):
             log.warning("finished jobs of %s not trimmed (%s); the next job trims them", queue.name, exc)
 
     def _unavailable(self, job: Job, queue: Queue, exc: WorkerUnavailable, execution: Execution | None) -> None:
+        if isinstance(exc, NeedsAGroup):  # not this worker's trouble: it goes on
+            self.give_back(job, get_queue(group_lane(queue.name), self.connection), str(exc), execution=execution)
+            log.info("job %s: %s", job.id, exc)
+            return
         if isinstance(exc, NotServedHere):
             self.give_back(job, queue, f"{self.name}: {exc}", execution=execution, at_front=False)  # for others
             self._give_backs += 1

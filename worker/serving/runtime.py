@@ -9,6 +9,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from common.lanes import MADE_BY_WORKER
 from common.settings import Settings
 from worker.pipelines.backend import GenerationBackend
 from worker.serving.breaker import Breaker
@@ -26,6 +27,8 @@ class Runtime:
     breaker: Breaker = field(default_factory=Breaker)
     #: this worker's Prometheus series (``--metrics-port``); None: not served
     metrics: WorkerMetrics | None = None
+    #: who made this worker's images, in the campaign's ``made-by`` count (``producer status``)
+    made_by: str = MADE_BY_WORKER
 
 
 def worker_name(gpu_label: str) -> str:

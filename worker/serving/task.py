@@ -24,11 +24,20 @@ from PIL import Image
 from rq import get_current_job
 from rq.job import Job
 
-from common.errors import AdapterNotFound, ModelLoadError, OutputNotWritable, OutputRefused
+from common.errors import (
+    AdapterNotFound,
+    ModelLoadError,
+    NeedsAGroup,
+    OutOfMemory,
+    OutputNotWritable,
+    OutputRefused,
+)
 from common.jobspec import JobSpec, PromptItem
+from common.lanes import MADE_BY_WORKER, campaign_of, group_lane, lanes
 from common.ledger import Ledger, is_done
 from common.naming import image_relpath, item_key
 from common.queues import get_queue, items_key, seen_key, seen_member
+from common.reconcile import live_workers
 from common.storage import is_url
 from worker.output.destination import Destination, open_destination
 from worker.pipelines.backend import Batch
@@ -122,8 +131,14 @@ class Run:
         return self.job.connection if self.job is not None else None
 
     @property
-    def queue_name(self) -> str:
+    def lane(self) -> str:
+        """The RQ queue the job came from: the campaign's own or its group lane."""
         return self.job.origin if self.job is not None else self.ctx.runtime.settings.queue
+
+    @property
+    def queue_name(self) -> str:
+        """The campaign: the ledger's name, whichever lane the job came from."""
+        return campaign_of(self.lane)
 
 
 def perform(ctx: JobContext, spec: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +156,7 @@ def perform(ctx: JobContext, spec: dict[str, Any]) -> dict[str, Any]:
     _count_attempt(job)
 
     # 2. Plan: skip what is done, keep images an interrupted attempt finished
-    queue_name = job.origin if job is not None else rt.settings.queue
+    queue_name = campaign_of(job.origin if job is not None else rt.settings.queue)
     if job is not None and not is_url(chunk.output):  # a folder deleted whole later is known as deleted here
         job.connection.sadd(seen_key(queue_name), seen_member(chunk.output))
     plan = _plan(job.connection if job is not None else None, queue_name, chunk, output)
@@ -179,7 +194,7 @@ def _tail(run: Run, batch: BatchResult) -> dict[str, Any]:
         run.ctx.runtime.metrics.job_finished(images=len(records), seconds=timings["total_s"])
     run.progress.update(force=True, images_done=chunk.num_images)
     conn = run.conn
-    left = conn.llen(get_queue(run.queue_name, conn).key) if conn is not None else 0
+    left = sum(conn.llen(get_queue(lane, conn).key) for lane in lanes(run.queue_name)) if conn is not None else 0
     per_image = timings["total_s"] / len(records) if records else 0.0
     log.info(
         "job %s: %d image(s) in %.1fs (%.2f s/img)%s%s; %d job(s) queued",
@@ -237,6 +252,18 @@ def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Des
     return plan
 
 
+def _to_a_group_if_served(run: Run, why: str) -> None:
+    """A job too big for a single-GPU worker goes to the group lane when a group serves the
+    campaign (:class:`~common.errors.NeedsAGroup`); without one it runs here (offloaded) or
+    fails as it would have."""
+    rt, job = run.ctx.runtime, run.job
+    if job is None or rt.made_by != MADE_BY_WORKER:
+        return
+    lane = group_lane(run.queue_name)
+    if live_workers(job.connection, lane, rt.settings.heartbeat_ttl):
+        raise NeedsAGroup(f"{why}; handed to the group lane {lane!r}, where a group serves it")
+
+
 def _generate(run: Run) -> BatchResult:
     """The warm pipeline (loaded once per worker), this chunk's adapter, one batch."""
     ctx, plan, progress, timings = run.ctx, run.plan, run.progress, run.timings
@@ -251,6 +278,8 @@ def _generate(run: Run) -> BatchResult:
         rt.breaker.failed(model, str(exc))
         raise refused_here(get_current_job(), rt.worker_name, model, exc) from None
     rt.breaker.succeeded(model)
+    if rt.settings.offload == "auto" and getattr(loaded, "offload", "none") != "none":
+        _to_a_group_if_served(run, f"{params.model} does not fit this GPU without offloading ({loaded.offload})")
     started = time.perf_counter()  # an adapter's first job loads it, a switch merges it: both show here
     if params.adapter:
         adapter = f"adapter {params.adapter!r}"
@@ -276,12 +305,16 @@ def _generate(run: Run) -> BatchResult:
         seeds=[item.seed + index for _, item, index in plan.todo],
         max_batch=limit,
     )
-    result, fitted = rt.pipelines.generate(
-        loaded,
-        batch,
-        on_step=lambda step, steps: _on_step(ctx, progress, step, steps),
-        on_progress=lambda text: progress.update(force=True, loading=text),
-    )
+    try:
+        result, fitted = rt.pipelines.generate(
+            loaded,
+            batch,
+            on_step=lambda step, steps: _on_step(ctx, progress, step, steps),
+            on_progress=lambda text: progress.update(force=True, loading=text),
+        )
+    except OutOfMemory as exc:
+        _to_a_group_if_served(run, str(exc))
+        raise
     if fitted < len(plan.todo):
         rt.batch_limits[shape] = fitted
         progress.update(force=True, split_batch=fitted)
@@ -323,7 +356,7 @@ def _record(run: Run, records: list[dict[str, Any]]) -> int:
         if conn is None or job is None or execution is None:  # a plain RQ worker or a direct call: no fence
             journal.write(records)
             return len(records)
-        ledger = Ledger(conn, run.queue_name)
+        ledger = Ledger(conn, run.lane)
         begun = ledger.begin(member=execution, offset=journal.offset, keys=plan.keys)
         if begun is None:
             raise JobLost(f"job {job.id}: this worker lost it while stalled; recorded nothing")
@@ -345,6 +378,7 @@ def _record(run: Run, records: list[dict[str, Any]]) -> int:
             images={key: item.num_images for key, item in zip(plan.keys, run.chunk.items, strict=True)},
             recent_member=f"{job.id}:{len(records)}:{time.perf_counter() - run.started:.3f}",
             output=run.chunk.output,
+            made_by=run.ctx.runtime.made_by,
         )
         if counted is None:
             raise JobLost(f"job {job.id}: this worker lost it while recording; {journal.withdraw()}")
