@@ -66,6 +66,16 @@ def _chunk16() -> dict[str, Callable[[], str]]:
     }
 
 
+def _flux_fp8() -> dict[str, Callable[[], str]]:
+    name = "h100-flux-fp8-call.jsonl"
+    return {
+        "fp8.flux.bf16": lambda: f"{_rate(name, 'flux-fp16'):.3f}",
+        "fp8.flux.fp8": lambda: f"{_rate(name, 'flux-fp8'):.3f}",
+        "fp8.flux.gain": lambda: f"{_rate(name, 'flux-fp8') / _rate(name, 'flux-fp16'):.2f}×",
+        "fp8.flux.psnr": lambda: f"{_one(name, kind='quality')['psnr_mean_db']:.1f} dB",
+    }
+
+
 #: the newest calls through the queue with the overlapped writer (the default since 2026-11-24)
 QUEUE_CALLS = ("h100-fp8-call1.jsonl", "h200-fp8-call1.jsonl", "h100-fp8-chunk16.jsonl")
 
@@ -142,6 +152,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
     **_fp8("h200"),
     **_chunk16(),
+    **_flux_fp8(),
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,

@@ -7,6 +7,9 @@
 #   error                  the UNet's FP8 output error at each of 30 steps (bench/fp8_unet.py)
 #   time                   one compiled UNet call: fp16, FP8 per-tensor, FP8 per-row (batch 8)
 #   adapters:fp8           none, LoRA, DoRA in turn under fp8 (first job of a new adapter)
+#   flux                   flux-random (bf16, 1024², 28 steps, compiled blocks) through the queue without
+#                          and with --precision fp8 (FLUX_IMAGES each, chunk 4), their images compared,
+#                          then the transformer's FP8 output error at each step (2 prompts)
 #   bash bench/fp8_device.sh queue:fp16 queue:fp8 quality error
 set -u
 OUT=${OUT:-/tmp/out}
@@ -29,6 +32,17 @@ for phase in "$@"; do
     time)
       timeout ${TIME_S:-300} python3 bench/fp8_unet.py --out $R --time ${VARIANTS:-fp16,tensor,row} --batch 8 2>&1 \
         | grep -v Warning | tee $OUT/time.log ;;
+    flux)
+      F="--model flux-random --steps 28 --guidance 3.5 --chunk 4 --speedups vae-fp16,compile-blocks"
+      for p in fp16 fp8; do
+        timeout ${FLUX_S:-170} python3 bench/e2e_queue.py --out $R --tag flux-$p --precision $p $F \
+          --images-per-gpu ${FLUX_IMAGES:-16} --timeout $(( ${FLUX_S:-170} - 10 )) > $OUT/queue-flux-$p.log 2>&1
+        tail -c 600 $OUT/queue-flux-$p.log
+      done
+      python3 bench/quality.py /tmp/diffq-bench/bench1fluxfp16 /tmp/diffq-bench/bench1fluxfp8 --tag flux-fp8-vs-bf16 \
+        --out $R 2>&1 | tee $OUT/quality-flux.log
+      timeout ${ERROR_S:-150} python3 bench/fp8_unet.py --model flux-random --dtype bfloat16 --steps 28 --out $R \
+        --error-prompts 2 2>&1 | grep -v Warning | tee $OUT/error-flux.log ;;
     adapters:*)
       p=${phase#adapters:}
       (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1)

@@ -184,3 +184,17 @@ def test_a_worker_run_with_precision_fp8_says_so_in_each_job_result(env, tmp_pat
     assert {job.meta.get("precision") for job in jobs} == {"fp8"}  # what status shows beside a running job
     assert _running(jobs[0].id, jobs[0]).text().endswith(", fp8")
     assert len(list(out.rglob("*.png"))) == 2
+
+
+def test_the_precision_a_job_reports_is_the_weights_own(cache_dir):
+    """A preset loaded in another dtype than the worker's (flux-random is bf16 on a GPU whatever
+    --dtype says) reports that dtype: on an H100 a bf16 FLUX job said fp16 (2026-11-26)."""
+    cache = WarmPipelines(str(cache_dir), device="cpu", dtype="float32")
+    loaded, _ = cache.get("tiny")
+    loaded.pipe.to(torch.bfloat16)
+    try:
+        batch = Batch(params=PARAMS, prompts=["a red fox"], negatives=[""], seeds=[7], max_batch=1)
+        result, _ = cache.generate(loaded, batch)
+    finally:
+        loaded.pipe.to(torch.float32)
+    assert result.precision == "bf16"

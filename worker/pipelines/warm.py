@@ -394,7 +394,8 @@ class WarmPipelines:
             result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
         result.compiles = graphs_compiled() - before
         result.batch, result.offload = min(fitted, len(prompts)), loaded.offload
-        result.precision = precision_of(loaded.speedups, self.dtype)
+        # the weights' own dtype: a preset may load in another (flux-random is bf16 on a GPU)
+        result.precision = precision_of(loaded.speedups, getattr(loaded.pipe, "dtype", None) or self.dtype)
         if self.budget is not None:
             result.peak_bytes = torch.cuda.max_memory_allocated(self.device)
         return result, fitted
