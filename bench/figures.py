@@ -182,6 +182,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "group.flux.u4": lambda: _group("h200x4-flux4c-call.jsonl", "flux-1gpu-compiled", "flux-u4-compiled"),
     "group.flux2048.u2": lambda: _group("h100x2-flux2048-call.jsonl", "flux-2048-1gpu", "flux-2048-u2"),
     "group.flux2048.u2.pvae": lambda: _group("h100x2-flux2048-call.jsonl", "flux-2048-1gpu", "flux-2048-u2-pvae"),
+    "fleet.latency.wait": lambda: f"{_one('h100x4-fleet-call2.jsonl')['latency_wait_s_median'] * 1000:.0f} ms",
+    "fleet.latency.run": lambda: f"{_one('h100x4-fleet-call2.jsonl')['latency_run_s_median']:.2f} s",
+    "fleet.bulk": lambda: f"{_one('h100x4-fleet-call2.jsonl')['img_per_s_after_warm']:.2f} img/s",
     "group.flux.u4.queue": lambda: (
         f"{_one('h200x4-flux4c-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
     ),
