@@ -75,9 +75,16 @@ class LaneQueue(Queue):
     a later lane waits at most that long for a worker that is idle."""
 
     @classmethod
-    def dequeue_any(  # type: ignore[override]
-        cls, queues: Iterable[Queue], timeout: int | None, connection: Any, **kwargs: Any
+    def dequeue_any(
+        cls,
+        queues: Iterable[Queue],
+        timeout: int | None,
+        connection: Any,
+        job_class: Any = None,
+        serializer: Any = None,
+        death_penalty_class: Any = None,
     ) -> tuple[Any, Queue] | None:
+        kwargs = {"job_class": job_class, "serializer": serializer, "death_penalty_class": death_penalty_class}
         ordered = list(queues)
         if len(ordered) == 1:
             return super().dequeue_any(ordered, timeout, connection=connection, **kwargs)

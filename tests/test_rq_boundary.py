@@ -17,9 +17,11 @@ import rq
 from conftest import ROOT, TINY_FLAGS, producer, write_csv
 from rq import SimpleWorker
 from rq.job import Job, JobStatus
+from rq.queue import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+from common.lanes import LaneQueue
 from common.ledger import CLAIM, Ledger
 from common.queues import RETIRE_FINISHED, LeanJob, get_queue, items_key, retire_finished
 from common.rq_keys import rq_names
@@ -50,7 +52,11 @@ OVERRIDES = {
     "GroupWorker.dequeue_job_and_maintain_ttl": "a rank asked to stop stops the group",
     "GroupWorker.handle_exception": "a lost rank is not the job's failure",
     "GroupWorker.handle_job_failure": "a lost rank gives the job back and ends the group",
+    "GroupWorker.prepare_job_execution": "RQ takes a job out of the intermediate list only for a worker of one "
+    "queue; a group takes its two lanes with LMOVE, so the job leaves that list as it starts",
     "LeanJob.to_dict": "leaves out empty fields: 10^6 queued jobs cost less Redis memory",
+    "LaneQueue.dequeue_any": "RQ pops several queues with BLPOP, skipping the intermediate list a dead worker's "
+    "job is found in; a group's lanes are taken one by one with LMOVE",
 }
 #: RQ's private names diffq still touches, and why
 PRIVATE = {
@@ -77,9 +83,9 @@ def test_rq_is_pinned_to_the_installed_version_everywhere():
 
 def test_every_override_is_listed_with_its_reason_and_has_rqs_signature():
     found = {}
-    for cls, base in ((DiffqWorker, SimpleWorker), (GroupWorker, SimpleWorker), (LeanJob, Job)):
-        for name, member in vars(cls).items():
-            upstream = getattr(base, name, None)
+    for cls, base in ((DiffqWorker, SimpleWorker), (GroupWorker, SimpleWorker), (LeanJob, Job), (LaneQueue, Queue)):
+        for name in vars(cls):
+            member, upstream = getattr(cls, name), getattr(base, name, None)  # bound: classmethods too
             if callable(member) and callable(upstream) and not name.startswith("__"):
                 found[f"{cls.__name__}.{name}"] = (member, upstream)
     assert set(found) == set(OVERRIDES), "an override was added or removed: list it in OVERRIDES with its reason"
