@@ -9,6 +9,7 @@
 #   bash bench/group_device.sh flux4c  # FLUX: 1 GPU, Ulysses 4 and 2, all compiled; Ulysses 4 through the queue
 #   bash bench/group_device.sh sdxl4  # SDXL batch 4: 1 GPU vs CFG parallel (split decode), the worker's levers
 #   bash bench/group_device.sh flux2048  # FLUX 2048²: 1 GPU, Ulysses 2, Ulysses 2 + parallel VAE; 1024² Ulysses 2 under CUDA graphs
+#   bash bench/group_device.sh handoff   # a single worker too small for SDXL hands its jobs to a one-rank group
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -172,6 +173,44 @@ flux2048)  # issue 46: FLUX at 2048² (time and peak memory) on 1 GPU, Ulysses 2
     --cudagraphs --compare /tmp/flux1.npy --out $R --label flux-u2-cudagraphs > $OUT/f1k-u2g.log 2>&1; \
     echo "1024 Ulysses 2, CUDA graphs rc=$? at ${SECONDS}s"; }
   tail -3 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+handoff)  # issue 46 on GPUs: a single worker whose memory share (--gpu-memory 8) cannot hold SDXL without offload
+  # hands its jobs to the queue's group lane, where a one-rank group (GPU 1, --group-jobs-only, eager) makes them
+  export DIFFQ_CACHE=/tmp/dq-cache DIFFQ_QUEUE=handoff
+  python3 -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL']).flushdb()"
+  printf 'prompt\n"too big for an 8 GiB share 0"\n"too big for an 8 GiB share 1"\n' > /tmp/big.csv
+  CUDA_VISIBLE_DEVICES=1 DIFFQ_SPEEDUPS=vae-fp16 setsid timeout 330 $TR --nproc-per-node 1 -m worker.group --model sdxl-random \
+    --group-jobs-only > $OUT/handoff-group.log 2>&1 &
+  python3 - <<'PY'
+import os, time, redis
+from rq import Queue, Worker
+conn = redis.Redis.from_url(os.environ["REDIS_URL"])
+for _ in range(240):
+    if Worker.all(connection=conn, queue=Queue("handoff:group", connection=conn)):
+        break
+    time.sleep(0.5)
+print("group serving:", bool(Worker.all(connection=conn, queue=Queue("handoff:group", connection=conn))))
+PY
+  python3 -m producer enqueue /tmp/big.csv --model sdxl-random --steps 8 --width 512 --height 512 --chunk-size 1 \
+    --output /tmp/handoff-out 2>&1 | tail -1
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m worker run --burst --gpu-memory 8 > $OUT/handoff-worker.log 2>&1
+  echo "worker rc=$? at ${SECONDS}s"
+  timeout 130 python3 -m producer wait --timeout 120 > $OUT/handoff-wait.log 2>&1; echo "wait rc=$? at ${SECONDS}s"
+  python3 -m producer status | tee $OUT/handoff-status.txt
+  python3 - <<'PY' >> $R
+import json, os, redis
+from rq.job import Job
+from rq.registry import FinishedJobRegistry, FailedJobRegistry
+from rq.serializers import JSONSerializer
+conn = redis.Redis.from_url(os.environ["REDIS_URL"])
+ids = FinishedJobRegistry("handoff:group", connection=conn).get_job_ids()
+jobs = [Job.fetch(i, connection=conn, serializer=JSONSerializer) for i in ids]
+print(json.dumps({"kind": "handoff", "made_by": {k.decode(): int(v) for k, v in conn.hgetall("diffq:handoff:made-by").items()},
+                  "finished_in_group_lane": len(ids), "failed": sum(FailedJobRegistry(q, connection=conn).count for q in ("handoff", "handoff:group")),
+                  "retries_left": [j.retries_left for j in jobs], "given_back_reason": [j.meta.get("error") for j in jobs], "worker": [j.worker_name for j in jobs]}))
+PY
+  grep -h "offload auto\|handed\|given back\|job " $OUT/handoff-worker.log | cut -c1-300 | tail -8
+  pkill -TERM -f "worker.group" ; sleep 5
   ;;
 esac
 cat $R
