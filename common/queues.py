@@ -35,7 +35,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
-from common.lanes import campaign_of
+from common.lanes import campaign_of, lanes
 from common.rq_keys import finished_registry_key, rq_names
 from common.settings import redact
 
@@ -159,6 +159,14 @@ def get_queue(name: str, conn: redis.Redis, *, lean: bool = False, queue_class: 
     ``lean`` for the producer: jobs are created as :class:`LeanJob`. ``queue_class``: a worker of
     several lanes takes them with :class:`common.lanes.LaneQueue`."""
     return queue_class(name, connection=conn, serializer=JSONSerializer, job_class=LeanJob if lean else Job)
+
+
+def queued_jobs(conn: redis.Redis, queue: str) -> int:
+    """Jobs queued in both of the campaign's lanes (:mod:`common.lanes`), in one round trip."""
+    with conn.pipeline(transaction=False) as pipe:
+        for lane in lanes(queue):
+            pipe.llen(Queue.redis_queue_namespace_prefix + lane)
+        return sum(pipe.execute())
 
 
 def items_key(queue: str) -> str:

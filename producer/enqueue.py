@@ -24,10 +24,10 @@ from rq.utils import now
 
 from common.errors import CampaignCancelled, ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
-from common.lanes import group_lane, lanes
+from common.lanes import group_lane
 from common.ledger import MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger, is_done
 from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
-from common.queues import TASK_FUNC, cancelled_key, get_queue, items_key, seen_key, seen_member
+from common.queues import TASK_FUNC, cancelled_key, get_queue, items_key, queued_jobs, seen_key, seen_member
 from common.rq_keys import rq_names
 from common.settings import Settings
 from common.storage import Store, is_url, local_path, problem
@@ -325,7 +325,7 @@ class Enqueuer:
         if not limit:
             return 1 << 30
         delay = 0.05
-        while (queued := sum(self.conn.llen(get_queue(lane, self.conn).key) for lane in lanes(self.campaign))) >= limit:
+        while (queued := queued_jobs(self.conn, self.campaign)) >= limit:
             self._check_not_cancelled()
             if self.on_wait:
                 self.on_wait(queued)

@@ -33,10 +33,10 @@ from common.errors import (
     OutputRefused,
 )
 from common.jobspec import JobSpec, PromptItem
-from common.lanes import MADE_BY_WORKER, campaign_of, group_lane, lanes
+from common.lanes import MADE_BY_WORKER, campaign_of, group_lane
 from common.ledger import Ledger, is_done
 from common.naming import image_relpath, item_key
-from common.queues import get_queue, items_key, seen_key, seen_member
+from common.queues import items_key, queued_jobs, seen_key, seen_member
 from common.reconcile import live_workers
 from common.storage import is_url
 from worker.output.destination import Destination, open_destination
@@ -194,7 +194,7 @@ def _tail(run: Run, batch: BatchResult) -> dict[str, Any]:
         run.ctx.runtime.metrics.job_finished(images=len(records), seconds=timings["total_s"])
     run.progress.update(force=True, images_done=chunk.num_images)
     conn = run.conn
-    left = sum(conn.llen(get_queue(lane, conn).key) for lane in lanes(run.queue_name)) if conn is not None else 0
+    left = queued_jobs(conn, run.queue_name) if conn is not None else 0
     per_image = timings["total_s"] / len(records) if records else 0.0
     log.info(
         "job %s: %d image(s) in %.1fs (%.2f s/img)%s%s; %d job(s) queued",
