@@ -46,33 +46,19 @@ def _rate(name: str, tag: str) -> float:
     return _one(name, tag=tag, kind="queue")["steady_img_per_s"]
 
 
+def _pair(prefix: str, name: str, base: str, fp8: str, base_word: str = "fp16") -> dict[str, Callable[[], str]]:
+    """A call's baseline rate, its fp8 rate and the gain, as ``<prefix>.<base_word>``, ``.fp8``, ``.gain``."""
+    return {
+        f"{prefix}.{base_word}": lambda: f"{_rate(name, base):.3f}",
+        f"{prefix}.fp8": lambda: f"{_rate(name, fp8):.3f}",
+        f"{prefix}.gain": lambda: f"{_rate(name, fp8) / _rate(name, base):.2f}×",
+    }
+
+
 def _fp8(machine: str) -> dict[str, Callable[[], str]]:
-    calls = {"h100": "h100-fp8-call1.jsonl", "h200": "h200-fp8-call1.jsonl"}
-    name = calls[machine]
-    return {
-        f"fp8.{machine}.fp16": lambda: f"{_rate(name, 'fp16'):.3f}",
-        f"fp8.{machine}.fp8": lambda: f"{_rate(name, 'fp8'):.3f}",
-        f"fp8.{machine}.gain": lambda: f"{_rate(name, 'fp8') / _rate(name, 'fp16'):.2f}×",
+    name = {"h100": "h100-fp8-call1.jsonl", "h200": "h200-fp8-call1.jsonl"}[machine]
+    return _pair(f"fp8.{machine}", name, "fp16", "fp8") | {
         f"fp8.{machine}.psnr": lambda: f"{_one(name, kind='quality')['psnr_mean_db']:.1f} dB",
-    }
-
-
-def _chunk16() -> dict[str, Callable[[], str]]:
-    name = "h100-fp8-chunk16.jsonl"
-    return {
-        "fp8.h100.chunk16.fp16": lambda: f"{_rate(name, 'fp16-chunk16'):.3f}",
-        "fp8.h100.chunk16.fp8": lambda: f"{_rate(name, 'fp8-chunk16'):.3f}",
-        "fp8.h100.chunk16.gain": lambda: f"{_rate(name, 'fp8-chunk16') / _rate(name, 'fp16-chunk16'):.2f}×",
-    }
-
-
-def _flux_fp8() -> dict[str, Callable[[], str]]:
-    name = "h100-flux-fp8-call.jsonl"
-    return {
-        "fp8.flux.bf16": lambda: f"{_rate(name, 'flux-fp16'):.3f}",
-        "fp8.flux.fp8": lambda: f"{_rate(name, 'flux-fp8'):.3f}",
-        "fp8.flux.gain": lambda: f"{_rate(name, 'flux-fp8') / _rate(name, 'flux-fp16'):.2f}×",
-        "fp8.flux.psnr": lambda: f"{_one(name, kind='quality')['psnr_mean_db']:.1f} dB",
     }
 
 
@@ -151,8 +137,9 @@ def _rows(name: str, config: str, whole: int, half: int) -> str:
 FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
     **_fp8("h200"),
-    **_chunk16(),
-    **_flux_fp8(),
+    **_pair("fp8.h100.chunk16", "h100-fp8-chunk16.jsonl", "fp16-chunk16", "fp8-chunk16"),
+    **_pair("fp8.flux", "h100-flux-fp8-call.jsonl", "flux-fp16", "flux-fp8", base_word="bf16"),
+    "fp8.flux.psnr": lambda: f"{_one('h100-flux-fp8-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,
