@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.offload import emit
-from worker.pipelines import adapter_weights
+from worker.pipelines import adapter_weights, fp8
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.models import ensure_tiny, sdxl_random
@@ -69,8 +69,16 @@ def source(pipe: Any, folder: Path, way: str) -> Any:
 
 
 def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile | None = None) -> dict[str, float]:
-    """One first use of the adapter, as the worker's ``use_adapter`` does it, then removed again."""
+    """One first use of the adapter, as the worker's ``use_adapter`` does it, then removed again.
+    For ``direct`` the parts are timed too: the file alone (``lora_state_dict``), a second merge
+    once the pristine copies exist (what a switch pays), and the FP8 weights' refresh."""
     merged = MergedAdapters(pipe)
+    parts: dict[str, float] = {}
+    if way == "direct":
+        sync()
+        t = time.perf_counter()
+        pipe.lora_state_dict(str(folder), return_lora_metadata=True)
+        parts["state_dict_s"] = time.perf_counter() - t
     sync()
     t0 = time.perf_counter()
     given = adapter_weights.read(pipe, folder, None) if way == "direct" else source(pipe, folder, way)
@@ -91,6 +99,17 @@ def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile
     merged.use(name, 1.0)
     sync()
     t3 = time.perf_counter()
+    if way == "direct":
+        if any(True for _ in fp8.layers(pipe)):
+            fp8.refresh(pipe)
+            sync()
+            parts["refresh_s"] = time.perf_counter() - t3
+        merged.restore()
+        sync()
+        t = time.perf_counter()
+        merged.use(name, 1.0)
+        sync()
+        parts["switch_merge_s"] = time.perf_counter() - t
     # the merged weights, summed: the ways must agree on them (the same adapter, merged alike)
     weights = [base.weight for base, _ in merged._pristine.values()]  # every layer the merge changed
     checksum = float(torch.stack([w.float().abs().sum() for w in weights]).sum())
@@ -98,7 +117,8 @@ def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile
     if way != "direct":
         pipe.unload_lora_weights()
     sync()
-    return {"read_s": t1 - t0, "load_s": t2 - t1, "merge_s": t3 - t2, "first_use_s": t3 - t0, "checksum": checksum}
+    times = {"read_s": t1 - t0, "load_s": t2 - t1, "merge_s": t3 - t2, "first_use_s": t3 - t0}
+    return {**times, **parts, "checksum": checksum}
 
 
 def main() -> None:
@@ -110,6 +130,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--model", choices=["sdxl-random", "tiny"], default="sdxl-random", help="tiny: a CPU smoke run")
+    ap.add_argument("--fp8", action="store_true", help="the UNet's linears as FP8 layers (scale 1: timing only)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
@@ -120,6 +141,9 @@ def main() -> None:
         pipe = StableDiffusionXLPipeline.from_pretrained(ensure_tiny("/tmp/diffq-bench-cache"), torch_dtype=dtype)
     else:
         pipe = sdxl_random(device, dtype)
+    if args.fp8:
+        unet = fp8.denoiser(pipe)
+        fp8.quantize(pipe, {n: 1.0 for n, m in unet.named_modules() if fp8.candidate(n, m)})
     sync()
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     import diffusers
@@ -138,6 +162,7 @@ def main() -> None:
                 runs[way].append(once(pipe, name, Path(folder), way))
         for way, times in runs.items():
             line = {**base, "kind": "adapter-first-use", "adapter": name, "way": way, "repeats": len(times)}
+            line["fp8"] = args.fp8
             for key in times[0]:
                 line[key] = round(statistics.median(t[key] for t in times), 4)
             line["checksum"] = times[0]["checksum"]

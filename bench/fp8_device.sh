@@ -45,7 +45,7 @@ for phase in "$@"; do
         --error-prompts 2 2>&1 | grep -v Warning | tee $OUT/error-flux.log ;;
     adapters:*)
       p=${phase#adapters:}
-      (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1)
+      [ -d /tmp/adapters/dora ] || (CUDA_VISIBLE_DEVICES="" nice python3 bench/make_adapters.py /tmp/adapters > $OUT/adapters.log 2>&1)
       timeout ${QUEUE_S:-280} python3 bench/e2e_queue.py --out $R --tag adapters-$p --precision $p --images-per-gpu 72 \
         --timeout $(( ${QUEUE_S:-280} - 10 )) --adapters none,/tmp/adapters/lora,/tmp/adapters/dora \
         > $OUT/adapters-$p.log 2>&1 ;;

@@ -198,3 +198,19 @@ def test_the_precision_a_job_reports_is_the_weights_own(cache_dir):
     finally:
         loaded.pipe.to(torch.float32)
     assert result.precision == "bf16"
+
+
+def test_after_a_switch_only_the_layers_adapters_touched_are_quantized_again_and_nothing_else_differs(
+    small_layers, fp8_cache
+):
+    """A switch re-quantizes the layers adapters have touched, not all FP8 layers: a full
+    refresh afterwards finds every FP8 weight already what it computes."""
+    cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
+    images(cache, "tiny-dora")
+    loaded = cache.get("tiny")[0]
+    every = list(fp8.layers(loaded.pipe))
+    touched = loaded.merged.touched()
+    assert 0 < len([m for m in every if any(m is t for t in touched)]) < len(every)
+    after_switch = [layer.weight_fp8.view(torch.uint8).clone() for layer in every]
+    assert fp8.refresh(loaded.pipe) == len(every)
+    assert all(torch.equal(a, layer.weight_fp8.view(torch.uint8)) for a, layer in zip(after_switch, every, strict=True))

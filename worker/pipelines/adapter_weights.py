@@ -56,11 +56,12 @@ class AdapterWeights:
 
     @torch.no_grad()
     def merge_into(self, unet: torch.nn.Module, scale: float, remember: Any) -> None:
-        """Merge into the layers' current weights, which must be pristine (``remember(layer)`` is
-        called first, to keep a copy). Computed in fp32 and stored in the weights' dtype."""
-        for layer in self.layers:
-            base = _base(unet.get_submodule(layer.path))
-            remember(base)
+        """Merge into the layers' current weights, which must be pristine (``remember(layers)`` is
+        called first, with all of them at once, to keep a copy). Computed in fp32 and stored in the
+        weights' dtype."""
+        bases = [_base(unet.get_submodule(layer.path)) for layer in self.layers]
+        remember(bases)
+        for layer, base in zip(self.layers, bases, strict=True):
             weight = base.weight
             up = layer.up.to(weight.device, torch.float32)
             down = layer.down.to(weight.device, torch.float32)
@@ -97,7 +98,7 @@ def read(pipe: Any, source: Path, weight_name: str | None) -> AdapterWeights | s
     alpha_of = _alpha(metadata, dora=any("magnitude" in found for found in parts.values()))
     if isinstance(alpha_of, str):
         return alpha_of
-    layers = []
+    found_layers: list[tuple[str, torch.Tensor, torch.Tensor, float, torch.Tensor | None, torch.nn.Module]] = []
     for path, found in sorted(parts.items()):
         if "down" not in found or "up" not in found:
             return f"layer {path} lacks one of its two factors"
@@ -116,14 +117,28 @@ def read(pipe: Any, source: Path, weight_name: str | None) -> AdapterWeights | s
         if alpha is None:
             return f"layer {path}: rank {rank} is not the saved config's"
         scaling = alpha / math.sqrt(rank) if rslora else alpha / rank
-        device, dtype = module.weight.device, module.weight.dtype
-        layers.append(
-            LayerDelta(
-                path, down.to(device, dtype), up.to(device, dtype), scaling,
-                None if magnitude is None else magnitude.to(device, torch.float32),
-            )
-        )  # fmt: skip
+        found_layers.append((path, down, up, scaling, magnitude, module))
+    weight = found_layers[0][5].weight  # the adapted layers' device and dtype
+    device, dtype = weight.device, weight.dtype
+    factors = iter(moved([t for _, down, up, *_ in found_layers for t in (down, up)], device, dtype))
+    magnitudes = iter(moved([m for *_, m, _ in found_layers if m is not None], device, torch.float32))
+    layers = [
+        LayerDelta(path, next(factors), next(factors), scaling, None if magnitude is None else next(magnitudes))
+        for path, _, _, scaling, magnitude, _ in found_layers
+    ]
     return AdapterWeights(tuple(layers))
+
+
+def moved(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+    """``tensors`` on ``device`` in ``dtype``, as views of one buffer: one copy and one allocation
+    where moving each alone was a copy and an allocation per tensor (1,120 for a LoRA on SDXL's
+    attention projections; on a worker whose memory is already laid out, each new block of
+    device memory is a call to the driver)."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(device).to(dtype)
+    pieces = flat.split([t.numel() for t in tensors])
+    return [piece.view(t.shape) for piece, t in zip(pieces, tensors, strict=True)]
 
 
 def _alpha(metadata: dict[str, Any] | None, dora: bool) -> Any:

@@ -96,16 +96,29 @@ class MergedAdapters:
         self.merged = None
 
     @torch.no_grad()
-    def remember(self, base: torch.nn.Module) -> None:
-        """Copy ``base``'s weight aside the first time an adapter changes it."""
-        if id(base) not in self._pristine:
-            self._pristine[id(base)] = (base, base.weight.detach().clone())
+    def remember(self, bases: list[torch.nn.Module]) -> None:
+        """Copy each base's weight aside the first time an adapter changes it: all of a new
+        adapter's layers into one buffer per device and dtype (one allocation, not one per layer)."""
+        new = list({id(b): b for b in bases if id(b) not in self._pristine}.values())
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Module]] = {}
+        for base in new:
+            groups.setdefault((base.weight.device, base.weight.dtype), []).append(base)
+        for (device, dtype), members in groups.items():
+            buffer = torch.empty(sum(b.weight.numel() for b in members), device=device, dtype=dtype)
+            for base, piece in zip(members, buffer.split([b.weight.numel() for b in members]), strict=True):
+                copy = piece.view(base.weight.shape)
+                copy.copy_(base.weight)
+                self._pristine[id(base)] = (base, copy)
+
+    def touched(self) -> list[torch.nn.Module]:
+        """Every layer an adapter has changed since the model was loaded: the only ones whose
+        weights a switch can change (what the FP8 copies must follow)."""
+        return [base for base, _ in self._pristine.values()]
 
     def remember_new_layers(self) -> None:
         """Copy aside the base weight of every layer a PEFT adapter wraps for the first time. Call
         it after :meth:`restore` and before merging (a newly loaded adapter may wrap new layers)."""
-        for layer in self.layers():
-            self.remember(layer.get_base_layer())
+        self.remember([layer.get_base_layer() for layer in self.layers()])
 
     def current(self, name: str | None, scale: float) -> bool:
         """Whether ``name`` at ``scale`` (or no adapter) is what the pipeline runs with now."""

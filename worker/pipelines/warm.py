@@ -442,7 +442,7 @@ class WarmPipelines:
                 name = self._load_adapter(loaded, loaded.merged, adapter)
             loaded.merged.use(name, scale)
             if "fp8" in loaded.speedups:
-                fp8.refresh(loaded.pipe)  # the FP8 copies of the weights the adapter changed
+                fp8.refresh(loaded.pipe, loaded.merged.touched())  # the FP8 copies of the weights adapters change
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
