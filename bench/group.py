@@ -46,6 +46,11 @@ def main() -> None:
         help="experiment: the whole-graph levers compile lazily with mode=reduce-overhead (CUDA graphs), "
         "no precompiled files; the product has no such lever yet",
     )
+    ap.add_argument(
+        "--graph-steps",
+        action="store_true",
+        help="experiment: every denoiser call replays one hand-captured CUDA graph (bench/step_graph.py)",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -89,6 +94,12 @@ def main() -> None:
     dist.barrier()
     engine.split()
     load_s = time.perf_counter() - started
+    graphs = None
+    if args.graph_steps:
+        from step_graph import install
+
+        pipe = engine.loaded.pipe
+        graphs = install(pipe.transformer if getattr(pipe, "transformer", None) is not None else pipe.unet)
     import numpy as np
 
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -140,6 +151,7 @@ def main() -> None:
             "speedups": os.environ.get("DIFFQ_SPEEDUPS", "auto"),
             "peak_gib": round(float(peak.item()), 2) if cuda else None,
             "parallel_vae": args.parallel_vae,
+            "graph_steps": graphs.replays if graphs is not None else None,
             "torch": torch.__version__,
         }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all

@@ -10,6 +10,7 @@
 #   bash bench/group_device.sh sdxl4  # SDXL batch 4: 1 GPU vs CFG parallel (split decode), the worker's levers
 #   bash bench/group_device.sh flux2048  # FLUX 2048²: 1 GPU, Ulysses 2, Ulysses 2 + parallel VAE; 1024² Ulysses 2 under CUDA graphs
 #   bash bench/group_device.sh handoff   # a single worker too small for SDXL hands its jobs to a one-rank group
+#   bash bench/group_device.sh graphsteps  # FLUX 1024²: 1 GPU and Ulysses 2, compiled, each without and with one CUDA graph per step; SDXL batch 1 too
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -124,6 +125,23 @@ cudagraphs)  # issue 46: the same, the UNet and decoder under CUDA graphs (bench
     --cudagraphs --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-cudagraphs > $OUT/sdxl1g.log 2>&1; \
     echo "1 GPU, CUDA graphs rc=$? at ${SECONDS}s"; }
   tail -3 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+graphsteps)  # issue 46: the 2-GPU FLUX call is host-bound; one hand-captured CUDA graph per transformer call
+  # (bench/step_graph.py), on 1 GPU and under Ulysses 2, against the same compiled levers without it; one cache
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
+  nvidia-smi topo -m > $OUT/topo.txt 2>&1
+  timeout 120 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 --compare /tmp/flux1.npy --out $R \
+    --label flux-u2-compiled > $OUT/flux2c.log 2>&1; echo "Ulysses 2 rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 --graph-steps --compare /tmp/flux1.npy \
+    --out $R --label flux-u2-graphsteps > $OUT/flux2g.log 2>&1; echo "Ulysses 2, step graphs rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --graph-steps --compare /tmp/flux1.npy --out $R \
+    --label flux-1gpu-graphsteps > $OUT/flux1g.log 2>&1; echo "1 GPU, step graphs rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 400 ] && { timeout $((520 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 \
+    --graph-steps --parallel-vae --compare /tmp/flux1.npy --out $R --label flux-u2-graphsteps-pvae > $OUT/flux2gp.log 2>&1; \
+    echo "Ulysses 2, step graphs, parallel VAE rc=$? at ${SECONDS}s"; }
+  tail -4 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 flux4c)  # issue 46, 4 GPUs when lent: FLUX on 1 GPU compiled (the baseline), Ulysses 4 and 2 compiled, the same
   # levers (the group's auto), one compile cache; then Ulysses 4 through the queue (its overhead per job)
