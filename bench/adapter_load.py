@@ -32,10 +32,12 @@ import io
 import pstats
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,22 +70,72 @@ def source(pipe: Any, folder: Path, way: str) -> Any:
     return tensors
 
 
-def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile | None = None) -> dict[str, float]:
+#: seconds spent in adapter_weights.moved (the tensors to the GPU) during the last read
+MOVED: list[float] = []
+_moved = adapter_weights.moved
+
+
+def _moved_host_cat(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The first version of ``moved`` (2026-11-26): one ``torch.cat`` on the host, then one copy."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(device).to(dtype)
+    pieces = flat.split([t.numel() for t in tensors])
+    return [piece.view(t.shape) for piece, t in zip(pieces, tensors, strict=True)]
+
+
+HOST_CAT: list[bool] = []
+
+
+def _timed_moved(*args: Any, **kwargs: Any) -> Any:
+    started = time.perf_counter()
+    out = (_moved_host_cat if HOST_CAT else _moved)(*args, **kwargs)
+    sync()
+    MOVED.append(time.perf_counter() - started)
+    return out
+
+
+adapter_weights.moved = _timed_moved
+
+
+def writer(images: int) -> threading.Thread:
+    """What runs beside a worker's next job: the job before's PNGs encoded in a thread
+    (:func:`worker.output.images.png_bytes`, 1024² noise, as the worker's writer does)."""
+    from PIL import Image
+
+    from worker.output.images import png_bytes
+
+    rng = np.random.default_rng(0)
+    pictures = [Image.fromarray(rng.integers(0, 255, (1024, 1024, 3), dtype=np.uint8)) for _ in range(images)]
+    thread = threading.Thread(target=lambda: [png_bytes(p, {"prompt": "x"}) for p in pictures], daemon=True)
+    return thread
+
+
+def once(
+    pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile | None = None, beside: int = 0
+) -> dict[str, float]:
     """One first use of the adapter, as the worker's ``use_adapter`` does it, then removed again.
     For ``direct`` the parts are timed too: the file alone (``lora_state_dict``), a second merge
     once the pristine copies exist (what a switch pays), and the FP8 weights' refresh."""
     merged = MergedAdapters(pipe)
     parts: dict[str, float] = {}
+    thread = writer(beside) if beside else None
+    stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    sync()
+    if thread is not None:
+        thread.start()
+        time.sleep(0.05)  # the writer is encoding before anything is timed
     if way == "direct":
-        sync()
         t = time.perf_counter()
         pipe.lora_state_dict(str(folder), return_lora_metadata=True)
         parts["state_dict_s"] = time.perf_counter() - t
-    sync()
+    MOVED.clear()
     t0 = time.perf_counter()
     given = adapter_weights.read(pipe, folder, None) if way == "direct" else source(pipe, folder, way)
     sync()
     t1 = time.perf_counter()
+    if MOVED:
+        parts["moved_s"] = sum(MOVED)
     if profile:
         profile.enable()
     if way == "direct":
@@ -99,6 +151,12 @@ def once(pipe: Any, name: str, folder: Path, way: str, profile: cProfile.Profile
     merged.use(name, 1.0)
     sync()
     t3 = time.perf_counter()
+    if thread is not None:
+        thread.join()
+    if stats:  # new blocks of device memory and the allocator's free-and-retry passes during the first use
+        after = torch.cuda.memory_stats()
+        for key in ("num_device_alloc", "num_alloc_retries"):
+            parts[key] = after.get(key, 0) - stats.get(key, 0)
     if way == "direct":
         if any(True for _ in fp8.layers(pipe)):
             fp8.refresh(pipe)
@@ -130,10 +188,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--model", choices=["sdxl-random", "tiny"], default="sdxl-random", help="tiny: a CPU smoke run")
+    ap.add_argument("--after-batch", type=int, default=0, help="N: one 2-step 1024² batch of N images first")
+    ap.add_argument("--beside-writer", type=int, default=0, help="N: a thread encodes N 1024² PNGs meanwhile")
+    ap.add_argument("--host-cat", action="store_true", help="the adapter's tensors joined on the host (the old way)")
+    ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval, seconds (Python's default 0.005)")
     ap.add_argument("--fp8", action="store_true", help="the UNet's linears as FP8 layers (scale 1: timing only)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    if args.host_cat:
+        HOST_CAT.append(True)
     started = time.perf_counter()
     if args.model == "tiny":
         from diffusers import StableDiffusionXLPipeline
@@ -154,15 +220,26 @@ def main() -> None:
     adapters = dict(item.split("=", 1) for item in args.adapters.split(","))
     ways = args.ways.split(",")
     first = next(iter(adapters.items()))
-    once(pipe, "warmup", Path(first[1]), "path")  # CUDA kernels and PEFT's imports, not an adapter's cost
+    if args.after_batch:  # the allocator's cache as a worker's is after a job: full of the batch's activations
+        from common.jobspec import GenParams
+        from worker.pipelines.generate import run_batch
+
+        n = args.after_batch
+        params = GenParams(model="sdxl-random", width=1024, height=1024, steps=2, guidance=5.0)
+        run_batch(pipe, params, prompts=["a fox"] * n, negatives=[""] * n, seeds=list(range(n)))
+    else:
+        once(pipe, "warmup", Path(first[1]), "path")  # CUDA kernels and PEFT's imports, not an adapter's cost
     for name, folder in adapters.items():
         runs: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
         for _ in range(args.repeats):
             for way in ways:  # interleaved, so a drift in the machine hits each way alike
-                runs[way].append(once(pipe, name, Path(folder), way))
+                runs[way].append(once(pipe, name, Path(folder), way, beside=args.beside_writer))
         for way, times in runs.items():
             line = {**base, "kind": "adapter-first-use", "adapter": name, "way": way, "repeats": len(times)}
             line["fp8"] = args.fp8
+            line["beside_writer"] = args.beside_writer
+            line["switch_interval"] = sys.getswitchinterval()
+            line["moved"] = "host-cat" if HOST_CAT else "device-cat"
             for key in times[0]:
                 line[key] = round(statistics.median(t[key] for t in times), 4)
             line["checksum"] = times[0]["checksum"]
