@@ -27,8 +27,10 @@ COLLECTIVES = (  # NCCL kernel names, by operation
 )
 KINDS = [  # first match wins (compute kernels only)
     ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
+    # cuDNN's convolutions are implicit GEMMs ("sm90_xmma_fprop_implicit_gemm_..."), so before
+    # "gemm"; the NCHW/NHWC transposes cuDNN runs around them belong to them too
+    ("convolution", ("fprop", "dgrad", "wgrad", "implicit_gemm", "winograd", "convolve", "nchwtonhwc", "nhwctonchw")),
     ("gemm", ("gemm", "sm90_xmma", "cutlass", "ampere_", "sm80_", "cublas", "nvjet")),
-    ("convolution", ("conv", "implicit", "winograd", "dgrad", "wgrad", "fprop")),
     ("normalization", ("norm", "welford")),
     ("copy", ("memcpy", "memset", "copy", "cat", "transpose")),
     ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce", "silu", "gelu", "softmax", "add", "mul")),
@@ -48,7 +50,15 @@ def collective_of(name: str) -> str | None:
 
 
 def kind_of(name: str) -> str:
+    """The kind of one kernel, by its name. Inductor's kernels are named after the ops they fused
+    (``triton_poi_fused_convolution_native_group_norm_silu_1`` is a pointwise kernel, not a
+    convolution): a template is a GEMM, the rest normalization or elementwise. Until 2026-11-26
+    cuDNN's convolutions were counted as GEMMs and such fusions as convolutions."""
     low = name.lower()
+    if low.startswith("triton_"):
+        if low.startswith("triton_tem"):
+            return "gemm"
+        return "normalization" if "norm" in low else "elementwise"
     return next((kind for kind, needles in KINDS if any(n in low for n in needles)), "other")
 
 
