@@ -132,9 +132,9 @@ def read(pipe: Any, source: Path, weight_name: str | None) -> AdapterWeights | s
 def moved(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """``tensors`` on ``device`` in ``dtype``, as views of one buffer. Each crosses alone, in its
     own dtype, and the concatenation and the cast run on the device: nothing big on the host. A
-    186 MB ``torch.cat`` on the host (a LoRA's 1,120 fp32 tensors) is a parallel op that took
-    0.18 s alone and 1.3 s while the PNG writer thread encoded the job before's images (one H100
-    host, ``bench/adapter_load.py --beside-writer 8``), which is where a worker's next job is."""
+    186 MB ``torch.cat`` on the host (a LoRA's 1,120 fp32 tensors) took 0.18 s alone and 1.4-1.7 s
+    while the PNG writer thread encoded the job before's images (one H100 host,
+    ``bench/adapter_load.py --beside-writer 8``), which is where a worker's next job starts."""
     if not tensors:
         return []
     flat = torch.cat([t.reshape(-1).to(device) for t in tensors]).to(dtype)
