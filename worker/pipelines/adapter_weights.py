@@ -21,7 +21,7 @@ kohya alphas, rank or alpha patterns, biases) is read by PEFT as before: :func:`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def read(pipe: Any, source: Path, weight_name: str | None) -> AdapterWeights | s
     alpha_of = _alpha(metadata, dora=any("magnitude" in found for found in parts.values()))
     if isinstance(alpha_of, str):
         return alpha_of
-    found_layers: list[tuple[str, torch.Tensor, torch.Tensor, float, torch.Tensor | None, torch.nn.Module]] = []
+    layers: list[LayerDelta] = []  # on the host until all are read; then moved together
     for path, found in sorted(parts.items()):
         if "down" not in found or "up" not in found:
             return f"layer {path} lacks one of its two factors"
@@ -117,16 +117,21 @@ def read(pipe: Any, source: Path, weight_name: str | None) -> AdapterWeights | s
         if alpha is None:
             return f"layer {path}: rank {rank} is not the saved config's"
         scaling = alpha / math.sqrt(rank) if rslora else alpha / rank
-        found_layers.append((path, down, up, scaling, magnitude, module))
-    weight = found_layers[0][5].weight  # the adapted layers' device and dtype
-    device, dtype = weight.device, weight.dtype
-    factors = iter(moved([t for _, down, up, *_ in found_layers for t in (down, up)], device, dtype))
-    magnitudes = iter(moved([m for *_, m, _ in found_layers if m is not None], device, torch.float32))
-    layers = [
-        LayerDelta(path, next(factors), next(factors), scaling, None if magnitude is None else next(magnitudes))
-        for path, _, _, scaling, magnitude, _ in found_layers
-    ]
-    return AdapterWeights(tuple(layers))
+        layers.append(LayerDelta(path, down, up, scaling, magnitude))
+    device, dtype = module.weight.device, module.weight.dtype  # the adapted layers'
+    factors = iter(moved([t for layer in layers for t in (layer.down, layer.up)], device, dtype))
+    magnitudes = iter(moved([m.magnitude for m in layers if m.magnitude is not None], device, torch.float32))
+    return AdapterWeights(
+        tuple(
+            replace(
+                layer,
+                down=next(factors),
+                up=next(factors),
+                magnitude=None if layer.magnitude is None else next(magnitudes),
+            )
+            for layer in layers
+        )
+    )
 
 
 def moved(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
