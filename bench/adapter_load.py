@@ -95,9 +95,6 @@ def _timed_moved(*args: Any, **kwargs: Any) -> Any:
     return out
 
 
-adapter_weights.moved = _timed_moved
-
-
 def writer(images: int) -> threading.Thread:
     """What runs beside a worker's next job: the job before's PNGs encoded in a thread
     (:func:`worker.output.images.png_bytes`, 1024² noise, as the worker's writer does)."""
@@ -198,6 +195,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
+    adapter_weights.moved = _timed_moved  # the read's tensors-to-GPU step timed on its own
     if args.host_cat:
         HOST_CAT.append(True)
     started = time.perf_counter()
