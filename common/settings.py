@@ -266,7 +266,11 @@ def point_compile_cache_at(cache_dir: str | Path) -> Path:
     restarted worker finds it; unless the user chose a folder with ``TORCHINDUCTOR_CACHE_DIR``.
 
     Importing diffusers makes torch fill that variable with its own default
-    (``/tmp/torchinductor_<user>``), so a value equal to that default counts as unset."""
+    (``/tmp/torchinductor_<user>``), so a value equal to that default counts as unset.
+
+    Triton's own cache (the FP8 convolution's kernels and their autotuning, which Inductor does
+    not hold) goes to ``<cache_dir>/triton`` the same way, unless ``TRITON_CACHE_DIR`` is set."""
+    os.environ.setdefault("TRITON_CACHE_DIR", str(Path(cache_dir) / "triton"))
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and not Path(chosen).resolve().name.startswith("torchinductor_"):
         return Path(chosen)
@@ -345,3 +349,19 @@ def fp8_layer_limits(min_features: int, min_rows: int) -> tuple[int, int]:
             raise ConfigError(f"{name}={raw!r}: use a whole number") from None
 
     return number("DIFFQ_FP8_MIN_FEATURES", min_features), number("DIFFQ_FP8_MIN_ROWS", min_rows)
+
+
+def fp8_convs() -> bool:
+    """Whether ``--precision fp8`` also runs the denoiser's 3x3 convolutions in FP8 (the Triton
+    kernel in worker/pipelines/fp8_conv.py); ``DIFFQ_FP8_CONVS=0`` keeps them in fp16, as
+    before that kernel, to compare the two."""
+    raw = os.environ.get("DIFFQ_FP8_CONVS", "1").strip()
+    if raw not in ("0", "1"):
+        raise ConfigError(f"DIFFQ_FP8_CONVS={raw!r}: use 1 (FP8 convolutions) or 0 (fp16)")
+    return raw == "1"
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton runs kernels on the CPU, program by program (``TRITON_INTERPRET=1``: the
+    tests of the FP8 convolution); worker/pipelines/fp8_conv.py then autotunes nothing."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"

@@ -104,6 +104,9 @@ def test_fp8_images_stay_close_to_the_fp32_ones_and_leave_the_short_and_text_lay
     assert any(name.endswith("ff.net.2") for name in names)
     assert not [name for name in names if name.endswith(("attn2.to_k", "attn2.to_v"))]  # read the text
     assert not [name for name in names if "time_emb" in name]  # one row per image: calibration saw it short
+    convs = {name for name, module in pipe.unet.named_modules() if isinstance(module, fp8.StaticFP8Conv2d)}
+    assert any(name.endswith("resnets.0.conv1") for name in convs)  # the 3x3 convolutions too
+    assert "conv_in" not in convs and "conv_out" not in convs  # 4 channels: they stay
     for a, b in zip(plain, quantized, strict=True):
         assert not np.array_equal(a, b)  # FP8 did run
         assert psnr(a, b) > 25, psnr(a, b)

@@ -14,7 +14,13 @@ feed-forward and ``proj_in``/``proj_out``. Not the time embeddings (one row per 
 cross-attention's key and value (77 text tokens per image, and all zeros for an empty
 negative prompt); those stay in the model's dtype.
 
-Adapters: each :class:`StaticFP8Linear` keeps its fp16 ``weight``; adapters merge into that
+Convolutions: the denoiser's 3x3 convolutions (a fifth of an SDXL UNet step) run in FP8 too,
+through the implicit-GEMM Triton kernel of :mod:`worker.pipelines.fp8_conv` (1.27x cuDNN's fp16
+over one UNet call's convolutions on an H100), with static scales the same way; 1x1 and the
+few-channel ``conv_in``/``conv_out`` stay in fp16. ``DIFFQ_FP8_CONVS=0`` keeps all of them in fp16.
+
+Adapters: each :class:`StaticFP8Linear` (and :class:`StaticFP8Conv2d`) keeps its fp16
+``weight``; adapters merge into that
 (worker/pipelines/adapters.py) and :func:`refresh` quantizes the changed weights again (a
 cast and one amax per layer, milliseconds), so an adapter switches as fast as without FP8. The
 activation scales stay the base model's (a merged adapter moves activations little; what
@@ -38,7 +44,8 @@ from typing import Any
 
 import torch
 
-from common.settings import fp8_layer_limits
+from common.settings import fp8_convs, fp8_layer_limits
+from worker.pipelines import fp8_conv
 
 log = logging.getLogger("diffq.worker")
 
@@ -79,8 +86,9 @@ CALIBRATION_BATCH = 8
 GRANULARITY = "tensor"
 CALIBRATION_STEPS = 10
 SCALES_FILE = "fp8-scales.json"
-#: bump when what a stored scale means changes (a file of another version is calibrated again)
-SCALES_VERSION = 1
+#: bump when what a stored scale means changes (a file of another version is calibrated again);
+#: 2: convolutions are calibrated too
+SCALES_VERSION = 2
 
 
 class StaticFP8Linear(torch.nn.Linear):
@@ -152,6 +160,61 @@ class StaticFP8Linear(torch.nn.Linear):
         return f"{super().extra_repr()}, fp8 {self.granularity}, input_scale={float(self.input_scale):.3g}"
 
 
+class StaticFP8Conv2d(torch.nn.Conv2d):
+    """A convolution computing in FP8: the input scaled by a calibrated constant and cast (the
+    compiler fuses that into the normalization before it), the weight cast once per tensor into
+    the kernel's ``[C_out, KH * KW * C]`` layout, one ``diffq::conv2d_fp8``.
+
+    Like :class:`StaticFP8Linear` it keeps its fp16 ``weight`` for adapters to merge into, and
+    ``weight_fp8`` and ``scale`` (the input's scale times the weight's) are buffers updated in
+    place by :meth:`quantize_weight`."""
+
+    @classmethod
+    def replacing(cls, conv: torch.nn.Conv2d, input_amax: float) -> StaticFP8Conv2d:
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        for attribute in (
+            "in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "transposed",
+            "output_padding", "groups", "padding_mode", "_reversed_padding_repeated_twice",
+        ):  # fmt: skip
+            setattr(layer, attribute, getattr(conv, attribute))
+        layer.weight, layer.bias = conv.weight, conv.bias
+        device = conv.weight.device
+        scale = max(float(input_amax), MIN_AMAX) / E4M3_MAX
+        layer.register_buffer("input_scale", torch.tensor(scale, dtype=torch.float32, device=device))
+        layer.register_buffer("input_inv_scale", torch.tensor(1.0 / scale, dtype=torch.float32, device=device))
+        k = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
+        layer.register_buffer("weight_fp8", torch.empty((conv.out_channels, k), dtype=E4M3, device=device))
+        layer.register_buffer("scale", torch.empty(1, dtype=torch.float32, device=device))
+        layer.quantize_weight()
+        return layer
+
+    @torch.no_grad()
+    def quantize_weight(self) -> None:
+        weight = self.weight.float()
+        weight_scale = weight.abs().amax().clamp(min=MIN_AMAX) / E4M3_MAX
+        matrix = fp8_conv.weight_matrix((weight / weight_scale).clamp(-E4M3_MAX, E4M3_MAX))
+        self.weight_fp8.copy_(matrix.to(E4M3))
+        self.scale.copy_((weight_scale * self.input_scale).reshape(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The kernel reads channels-last. Asked for here, in the graph, the compiler writes the
+        # FP8 input that way from the kernel that computes it; inside the op it was a separate
+        # transposing copy (17 ms of a 205 ms UNet call on an H100, docs/benchmarks.md). The
+        # output keeps the input's layout, which the normalization after it was built for.
+        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        quantized = (x * self.input_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        quantized = quantized.contiguous(memory_format=torch.channels_last)
+        kh, kw = self.kernel_size
+        return torch.ops.diffq.conv2d_fp8(
+            quantized, self.weight_fp8, self.scale, self.bias, kh, kw, self.stride[0], self.padding[0], x.dtype,
+            channels_last,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, fp8 tensor, input_scale={float(self.input_scale):.3g}"
+
+
 def denoiser(pipe: Any) -> torch.nn.Module:
     """The model FP8 applies to: SDXL's UNet, or a DiT's transformer (FLUX)."""
     module = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
@@ -172,6 +235,28 @@ def candidate(name: str, module: torch.nn.Module) -> bool:
     return min(dims) >= least and all(d % 16 == 0 for d in dims)
 
 
+def conv_candidate(module: torch.nn.Module) -> bool:
+    """A convolution the FP8 kernel takes and that gains from it: 3x3, plain (one group, no
+    dilation, zero padding the same on every side), and at least half as many channels as a
+    linear needs features (its GEMM is 9 times as deep: SDXL's 320-channel convolutions are its
+    longest). 1x1 convolutions measured slower or level with the input's cast counted."""
+    if type(module) is not torch.nn.Conv2d or module.kernel_size != (3, 3):
+        return False
+    if module.groups != 1 or module.dilation != (1, 1) or module.padding_mode != "zeros":
+        return False
+    if isinstance(module.padding, str) or len(set(module.padding)) != 1 or len(set(module.stride)) != 1:
+        return False
+    least, _ = fp8_layer_limits(MIN_FEATURES, MIN_ROWS)
+    channels = (module.in_channels, module.out_channels)
+    return min(channels) >= least // 2 and all(c % 16 == 0 for c in channels)
+
+
+def quantizable(name: str, module: torch.nn.Module) -> bool:
+    """A layer :func:`calibrate` measures: a linear :func:`candidate` or, unless
+    ``DIFFQ_FP8_CONVS=0``, a :func:`conv_candidate`."""
+    return candidate(name, module) or (fp8_convs() and conv_candidate(module))
+
+
 @torch.no_grad()
 def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
     """Each candidate linear's largest input magnitude over :data:`CALIBRATION_PROMPTS`, denoised
@@ -186,13 +271,14 @@ def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
     def recorder(name: str) -> Any:
         def hook(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
             x = args[0]
-            rows[name] = min(rows.get(name, 1 << 62), x.numel() // x.shape[-1])
+            width = x.shape[1] if isinstance(_module, torch.nn.Conv2d) else x.shape[-1]
+            rows[name] = min(rows.get(name, 1 << 62), x.numel() // width)
             amax[name] = max(amax.get(name, 0.0), float(x.detach().abs().amax()))
 
         return hook
 
     for name, module in model.named_modules():
-        if candidate(name, module):
+        if quantizable(name, module):
             handles.append(module.register_forward_pre_hook(recorder(name)))
     try:
         prompts = list(CALIBRATION_PROMPTS)
@@ -215,21 +301,33 @@ def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
 
 
 def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor") -> int:
-    """Replace each calibrated linear by a :class:`StaticFP8Linear`; returns how many."""
+    """Replace each calibrated linear by a :class:`StaticFP8Linear` and each calibrated
+    convolution by a :class:`StaticFP8Conv2d` (unless ``DIFFQ_FP8_CONVS=0``); returns how many."""
     model = denoiser(pipe)
+    convs = fp8_convs()
+    device = next(model.parameters()).device
+    if convs and not fp8_conv.available(device):
+        log.warning("fp8: Triton is not installed, so the convolutions stay fp16 (pip install triton)")
+        convs = False
     replaced = 0
     for name, module in list(model.named_modules()):
-        if name not in scales or not candidate(name, module):
+        if name not in scales:
+            continue
+        if candidate(name, module):
+            layer: torch.nn.Module = StaticFP8Linear.replacing(module, scales[name], granularity)
+        elif convs and conv_candidate(module):
+            layer = StaticFP8Conv2d.replacing(module, scales[name])
+        else:
             continue
         parent_name, _, attribute = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attribute, StaticFP8Linear.replacing(module, scales[name], granularity))
+        setattr(parent, attribute, layer)
         replaced += 1
     return replaced
 
 
-def layers(pipe: Any) -> Iterator[StaticFP8Linear]:
-    yield from (m for m in denoiser(pipe).modules() if isinstance(m, StaticFP8Linear))
+def layers(pipe: Any) -> Iterator[StaticFP8Linear | StaticFP8Conv2d]:
+    yield from (m for m in denoiser(pipe).modules() if isinstance(m, (StaticFP8Linear, StaticFP8Conv2d)))
 
 
 def refresh(pipe: Any, changed: Iterable[torch.nn.Module] | None = None) -> int:
@@ -256,7 +354,10 @@ def scales_key(model: str, dtype: torch.dtype, structure: str, width: int, heigh
 
 
 def structure(pipe: Any) -> str:
-    names = "\n".join(n for n, m in denoiser(pipe).named_modules() if isinstance(m, torch.nn.Linear))
+    """The layers a calibration measures: the linears' names, and the convolutions' unless
+    ``DIFFQ_FP8_CONVS=0`` (a calibration without them must not serve a worker that wants them)."""
+    kinds = (torch.nn.Linear, torch.nn.Conv2d) if fp8_convs() else (torch.nn.Linear,)
+    names = "\n".join(n for n, m in denoiser(pipe).named_modules() if isinstance(m, kinds))
     return hashlib.sha256(names.encode()).hexdigest()[:16]
 
 
@@ -320,6 +421,14 @@ def apply(pipe: Any, model: str, store: ScaleStore | None, granularity: str = "t
     """Calibrate (or load the host's calibration) and quantize; returns the seconds spent."""
     started = time.perf_counter()
     found, source = scales(pipe, model, store)
-    count = quantize(pipe, found, granularity)
-    log.info("fp8: %d linear layer(s) in FP8 with static per-%s scales (%s)", count, granularity, source)
+    quantize(pipe, found, granularity)
+    convs = sum(isinstance(layer, StaticFP8Conv2d) for layer in layers(pipe))
+    linears = sum(isinstance(layer, StaticFP8Linear) for layer in layers(pipe))
+    log.info(
+        "fp8: %d linear layer(s) and %d convolution(s) in FP8 with static per-%s scales (%s)",
+        linears,
+        convs,
+        granularity,
+        source,
+    )
     return time.perf_counter() - started
