@@ -117,6 +117,12 @@ def _first_image(name: str, tag: str) -> str:
     return f"{_one(name, kind='queue', tag=tag)['launch_to_first_image_s']:.1f} s"
 
 
+def _unet_gain(name: str, base: str, variant: str) -> str:
+    """One compiled UNet call's time, ``base`` over ``variant`` (bench/fp8_unet.py --time)."""
+    time = {v: _one(name, what="call_time", variant=v)["call_ms"] for v in (base, variant)}
+    return f"{time[base] / time[variant]:.2f}×"
+
+
 def _scaling(gpus: int, name: str = "h200x4-scaling-defaults.jsonl") -> str:
     """N pinned workers through the queue against one, steady (one 4-GPU machine, one call)."""
     return f"{_one(name, gpus=gpus)['steady_img_per_s'] / _one(name, gpus=1)['steady_img_per_s']:.2f}×"
@@ -140,6 +146,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_pair("fp8.h100.chunk16", "h100-fp8-chunk16.jsonl", "fp16-chunk16", "fp8-chunk16"),
     **_pair("fp8.flux", "h100-flux-fp8-call.jsonl", "flux-fp16", "flux-fp8", base_word="bf16"),
     "fp8.flux.psnr": lambda: f"{_one('h100-flux-fp8-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    # --precision fp8 with its 3x3 convolutions in FP8 too (the Triton kernel, 2026-11-26)
+    **_pair("fp8conv.h100", "h100-fp8conv-queue-call2.jsonl", "fp16", "fp8"),
+    "fp8conv.h100.psnr": lambda: f"{_one('h100-fp8conv-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    "fp8conv.unet.gain": lambda: _unet_gain("h100-fp8conv-profile-call2.jsonl", "tensor-linears", "tensor"),
+    "first-image.warm.fp8conv": lambda: _first_image("h100-fp8conv-queue-call2.jsonl", "fp8"),
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,

@@ -5,7 +5,9 @@
 #                          (sdxl-random 1024², 30 steps, CFG 5, chunk 8; IMAGES_FP16 / IMAGES_FP8)
 #   quality                the fp8 run's PNGs against the fp16 run's (same names: PSNR, SSIM)
 #   error                  the UNet's FP8 output error at each of 30 steps (bench/fp8_unet.py)
-#   time                   one compiled UNet call: fp16, FP8 per-tensor, FP8 per-row (batch 8)
+#   time                   one compiled UNet call: fp16, FP8 per-tensor, FP8 per-row (batch 8); VARIANTS
+#                          picks them (tensor-linears: FP8 linears, fp16 convolutions), PROFILE=1 adds
+#                          each call's kernel time by class and its top kernels
 #   adapters:fp8           none, LoRA, DoRA in turn under fp8 (first job of a new adapter)
 #   flux                   flux-random (bf16, 1024², 28 steps, compiled blocks) through the queue without
 #                          and with --precision fp8 (FLUX_IMAGES each, chunk 4), their images compared,
@@ -30,7 +32,7 @@ for phase in "$@"; do
     error)
       timeout ${ERROR_S:-150} python3 bench/fp8_unet.py --out $R --error-prompts 4 2>&1 | grep -v Warning | tee $OUT/error.log ;;
     time)
-      timeout ${TIME_S:-300} python3 bench/fp8_unet.py --out $R --time ${VARIANTS:-fp16,tensor,row} --batch 8 2>&1 \
+      timeout ${TIME_S:-300} python3 bench/fp8_unet.py --out $R --time ${VARIANTS:-fp16,tensor,row} --batch 8 ${PROFILE:+--profile} 2>&1 \
         | grep -v Warning | tee $OUT/time.log ;;
     flux)
       F="--model flux-random --steps 28 --guidance 3.5 --chunk 4 --speedups vae-fp16,compile-blocks"

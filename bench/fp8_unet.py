@@ -4,6 +4,7 @@ and one compiled call's time per scale granularity (per-tensor, per-row) at a ba
 
     python bench/fp8_unet.py --out r.jsonl --error-prompts 4            # per-step error
     python bench/fp8_unet.py --out r.jsonl --time fp16,tensor,row --batch 8   # compiled call times
+    python bench/fp8_unet.py --out r.jsonl --time tensor-linears,tensor      # convolutions fp16 / FP8
 
 Scales come from the worker's store (``DIFFQ_CACHE``), as a worker would find them after a run
 with ``--precision fp8``, or are calibrated here the worker's way (worker/pipelines/fp8.py).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common.settings import Settings
 from worker.pipelines import fp8, models
@@ -95,7 +99,9 @@ def unet_inputs(batch: int, dtype: torch.dtype) -> tuple[tuple, dict]:
 
 
 @torch.no_grad()
-def call_time(module: torch.nn.Module, batch: int, dtype: torch.dtype, repeats: int = 10) -> dict[str, float]:
+def call_time(
+    module: torch.nn.Module, batch: int, dtype: torch.dtype, repeats: int = 10, profile: bool = False
+) -> dict[str, Any]:
     args, kwargs = unet_inputs(batch, dtype)
     compiled = torch.compile(module, fullgraph=True, dynamic=False)
     started = time.perf_counter()
@@ -111,7 +117,33 @@ def call_time(module: torch.nn.Module, batch: int, dtype: torch.dtype, repeats: 
         compiled(*args, **kwargs)
     end.record()
     torch.cuda.synchronize()
-    return {"compile_s": round(compile_s, 1), "call_ms": round(start.elapsed_time(end) / repeats, 2)}
+    timing = {"compile_s": round(compile_s, 1), "call_ms": round(start.elapsed_time(end) / repeats, 2)}
+    if profile:
+        timing |= kernel_times(lambda: compiled(*args, **kwargs))
+    return timing
+
+
+def kernel_times(call: Any, calls: int = 2) -> dict[str, Any]:
+    """GPU kernel time of one call by kind (bench/rank_profile.py's names) and its top kernels."""
+    from rank_profile import kind_of  # bench/, this script's own folder
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    by_name: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.self_device_time_total > 0:
+            by_name[event.key] = by_name.get(event.key, 0.0) + event.self_device_time_total / 1000 / calls
+    kinds: dict[str, float] = {}
+    for name, ms in by_name.items():
+        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:15]
+    return {
+        "kernel_ms": round(sum(by_name.values()), 2),
+        "kinds_ms": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda item: -item[1])},
+        "top_ms": [[name[:90], round(ms, 2)] for name, ms in top],
+    }
 
 
 def main() -> None:
@@ -122,8 +154,11 @@ def main() -> None:
     ap.add_argument("--error-prompts", type=int, default=0, help="per-step error over this many prompts (0: skip)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--granularity", default="tensor", help="for the per-step error")
-    ap.add_argument("--time", default="", help="compiled UNet call time of these: fp16,tensor,row")
+    ap.add_argument(
+        "--time", default="", help="compiled UNet call time of these: fp16,tensor,row (-linears: fp16 convolutions)"
+    )
     ap.add_argument("--batch", type=int, default=8, help="images per call (CFG doubles the rows)")
+    ap.add_argument("--profile", action="store_true", help="with --time: kernel time by kind, top kernels")
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
     pipe = load(args.model, dtype)
@@ -153,8 +188,17 @@ def main() -> None:
         )
         del quantized
     for variant in [v for v in args.time.split(",") if v]:
-        module = fp8.denoiser(pipe) if variant == "fp16" else quantized_copy(pipe, scales, variant)
-        timing = call_time(module, args.batch, dtype)
+        if variant == "fp16":
+            module = fp8.denoiser(pipe)
+        elif variant.endswith("-linears"):  # the convolutions left in fp16, as before their kernel
+            os.environ["DIFFQ_FP8_CONVS"] = "0"
+            try:
+                module = quantized_copy(pipe, scales, variant.removesuffix("-linears"))
+            finally:
+                os.environ.pop("DIFFQ_FP8_CONVS")
+        else:
+            module = quantized_copy(pipe, scales, variant)
+        timing = call_time(module, args.batch, dtype, profile=args.profile)
         records.append(base | {"what": "call_time", "variant": variant, "batch": args.batch, **timing})
         print(records[-1], flush=True)
         del module

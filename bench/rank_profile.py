@@ -29,7 +29,10 @@ KINDS = [  # first match wins (compute kernels only)
     ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
     # cuDNN's convolutions are implicit GEMMs ("sm90_xmma_fprop_implicit_gemm_..."), so before
     # "gemm"; the NCHW/NHWC transposes cuDNN runs around them belong to them too
-    ("convolution", ("fprop", "dgrad", "wgrad", "implicit_gemm", "winograd", "convolve", "nchwtonhwc", "nhwctonchw")),
+    (
+        "convolution",
+        ("fprop", "dgrad", "wgrad", "implicit_gemm", "winograd", "convolve", "nchwtonhwc", "nhwctonchw", "conv2d_fp8"),
+    ),
     ("gemm", ("gemm", "sm90_xmma", "cutlass", "ampere_", "sm80_", "cublas", "nvjet")),
     ("normalization", ("norm", "welford")),
     ("copy", ("memcpy", "memset", "copy", "cat", "transpose")),
