@@ -151,6 +151,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fp8conv.h100.psnr": lambda: f"{_one('h100-fp8conv-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
     "fp8conv.unet.gain": lambda: _unet_gain("h100-fp8conv-profile-call2.jsonl", "tensor-linears", "tensor"),
     "first-image.warm.fp8conv": lambda: _first_image("h100-fp8conv-queue-call2.jsonl", "fp8"),
+    "first-image.cold.fp8conv": lambda: _first_image("h100-fp8conv-cold-call.jsonl", "fp8"),
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,
