@@ -39,6 +39,23 @@ def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def empty_output(
+    x: torch.Tensor,
+    c_out: int,
+    kernel: tuple[int, int],
+    stride: int,
+    padding: int,
+    out_dtype: torch.dtype,
+    channels_last_out: bool,
+) -> torch.Tensor:
+    """The output of a convolution of ``x``, unwritten: one place for its shape and layout, so the
+    op's fake implementation (what the compiler plans with) and the kernel's agree."""
+    batch, _, height, width = x.shape
+    shape = (batch, c_out, out_size(height, kernel[0], stride, padding), out_size(width, kernel[1], stride, padding))
+    layout = torch.channels_last if channels_last_out else torch.contiguous_format
+    return torch.empty(shape, device=x.device, dtype=out_dtype, memory_format=layout)
+
+
 def weight_matrix(weight: torch.Tensor) -> torch.Tensor:
     """``[C_out, C, KH, KW]`` -> ``[C_out, KH * KW * C]``: K ordered tap-major, channel-minor,
     the order the kernel walks the channels-last input in."""
@@ -174,9 +191,8 @@ def conv2d(
     if weight.shape[1] != kh * kw * channels:
         raise ValueError(f"weight matrix {tuple(weight.shape)} does not fit {channels} channels and a {kh}x{kw} kernel")
     x = x.contiguous(memory_format=torch.channels_last)
-    ho, wo = out_size(height, kh, stride, padding), out_size(width, kw, stride, padding)
-    layout = torch.channels_last if channels_last_out else torch.contiguous_format
-    out = torch.empty((batch, c_out, ho, wo), device=x.device, dtype=out_dtype, memory_format=layout)
+    out = empty_output(x, c_out, kernel, stride, padding, out_dtype, channels_last_out)
+    ho, wo = out.shape[2:]
     launch = _kernel()
 
     def grid(meta: dict[str, int]) -> tuple[int]:
@@ -263,7 +279,4 @@ def _(
     out_dtype: torch.dtype,
     channels_last_out: bool,
 ) -> torch.Tensor:
-    batch, _, height, width = x.shape
-    shape = (batch, weight.shape[0], out_size(height, kh, stride, padding), out_size(width, kw, stride, padding))
-    layout = torch.channels_last if channels_last_out else torch.contiguous_format
-    return x.new_empty(shape, dtype=out_dtype).contiguous(memory_format=layout)
+    return empty_output(x, weight.shape[0], (kh, kw), stride, padding, out_dtype, channels_last_out)
