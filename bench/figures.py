@@ -152,6 +152,13 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fp8conv.unet.gain": lambda: _unet_gain("h100-fp8conv-profile-call2.jsonl", "tensor-linears", "tensor"),
     "first-image.warm.fp8conv": lambda: _first_image("h100-fp8conv-queue-call2.jsonl", "fp8"),
     "first-image.cold.fp8conv": lambda: _first_image("h100-fp8conv-cold-call.jsonl", "fp8"),
+    # the linears' GEMMs with fast accumulation (K <= 5120), batch 8 and 16 (2026-11-26, fifth session)
+    **_pair("fp8fast.h100", "h100-fastacc-queue-call2.jsonl", "fp16", "fp8"),
+    "fp8fast.h100.psnr": lambda: f"{_one('h100-fastacc-queue-call2.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    **_pair("fp8fast.h100.chunk16", "h100-fastacc16-queue-call.jsonl", "fp16", "fp8"),
+    "fp8fast.unet.gain": lambda: _unet_gain("h100-fastacc-call.jsonl", "tensor", "tensor-fastacc"),
+    "fp8mk.unet.gain": lambda: _unet_gain("h100-inductor-call1.jsonl", "tensor", "tensor@mk"),
+    "first-image.warm.fp8fast": lambda: _first_image("h100-fastacc-queue-call2.jsonl", "fp8"),
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,

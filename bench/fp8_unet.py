@@ -5,6 +5,7 @@ and one compiled call's time per scale granularity (per-tensor, per-row) at a ba
     python bench/fp8_unet.py --out r.jsonl --error-prompts 4            # per-step error
     python bench/fp8_unet.py --out r.jsonl --time fp16,tensor,row --batch 8   # compiled call times
     python bench/fp8_unet.py --out r.jsonl --time tensor-linears,tensor      # convolutions fp16 / FP8
+    python bench/fp8_unet.py --out r.jsonl --time tensor,tensor@mk           # compiler settings (INDUCTOR)
 
 Scales come from the worker's store (``DIFFQ_CACHE``), as a worker would find them after a run
 with ``--precision fp8``, or are calibrated here the worker's way (worker/pipelines/fp8.py).
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -30,6 +32,17 @@ from common.settings import Settings
 from worker.pipelines import fp8, models
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+#: compiler settings a variant may name after "@" (``tensor@mk``): experiments on the
+#: normalization and elementwise kernels the compiler writes, a third of an FP8 UNet call
+INDUCTOR = {
+    # both a persistent (one read of each row) and a looped reduction for every reduction up to
+    # 16x the usual 1024 elements (LayerNorm over 1280 channels is looped by default), timed at the
+    # first call and the faster kept
+    "mk": {"triton.multi_kernel": 1},
+    # each generated kernel's launch configuration tuned by coordinate descent
+    "cdt": {"coordinate_descent_tuning": True},
+}
 
 
 def load(model: str, dtype: torch.dtype) -> Any:
@@ -48,9 +61,15 @@ def scales_for(pipe: Any, model: str) -> tuple[dict[str, float], str]:
 
 
 def quantized_copy(pipe: Any, scales: dict[str, float], granularity: str) -> torch.nn.Module:
+    """A copy of the denoiser in FP8 at ``granularity`` (``tensor``, ``row``) as the worker makes
+    it; ``-fastacc``: every linear with cuBLAS's fast accumulation, ``-slowacc``: none."""
     name = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
     copied = SimpleNamespace(**{name: copy.deepcopy(getattr(pipe, name))})
-    count = fp8.quantize(copied, scales, granularity)
+    base, _, accumulate = granularity.partition("-")
+    count = fp8.quantize(copied, scales, base)
+    for layer in getattr(copied, name).modules():
+        if isinstance(layer, fp8.StaticFP8Linear) and accumulate:
+            layer.fast_accum = accumulate == "fastacc"
     print(f"{granularity}: {count} linears in FP8", flush=True)
     return getattr(copied, name)
 
@@ -153,9 +172,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
     ap.add_argument("--error-prompts", type=int, default=0, help="per-step error over this many prompts (0: skip)")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--granularity", default="tensor", help="for the per-step error")
+    ap.add_argument("--granularity", default="tensor", help="for the per-step error (tensor, row; -fastacc, -slowacc)")
     ap.add_argument(
-        "--time", default="", help="compiled UNet call time of these: fp16,tensor,row (-linears: fp16 convolutions)"
+        "--time",
+        default="",
+        help="compiled UNet call time of these: fp16,tensor,row (-linears: fp16 convolutions; "
+        "-fastacc / -slowacc: fast FP8 accumulation on every linear / none; "
+        f"@{'+'.join(INDUCTOR)}: compiler settings)",
     )
     ap.add_argument("--batch", type=int, default=8, help="images per call (CFG doubles the rows)")
     ap.add_argument("--profile", action="store_true", help="with --time: kernel time by kind, top kernels")
@@ -187,7 +210,9 @@ def main() -> None:
             }
         )
         del quantized
-    for variant in [v for v in args.time.split(",") if v]:
+    for spec in [v for v in args.time.split(",") if v]:
+        variant, _, presets = spec.partition("@")
+        settings = {k: v for preset in presets.split("+") if preset for k, v in INDUCTOR[preset].items()}
         if variant == "fp16":
             module = fp8.denoiser(pipe)
         elif variant.endswith("-linears"):  # the convolutions left in fp16, as before their kernel
@@ -198,8 +223,9 @@ def main() -> None:
                 os.environ.pop("DIFFQ_FP8_CONVS")
         else:
             module = quantized_copy(pipe, scales, variant)
-        timing = call_time(module, args.batch, dtype, profile=args.profile)
-        records.append(base | {"what": "call_time", "variant": variant, "batch": args.batch, **timing})
+        with torch._inductor.config.patch(settings):
+            timing = call_time(module, args.batch, dtype, profile=args.profile)
+        records.append(base | {"what": "call_time", "variant": spec, "batch": args.batch, **timing})
         print(records[-1], flush=True)
         del module
         torch._dynamo.reset()

@@ -83,6 +83,24 @@ def test_a_static_fp8_linear_computes_what_the_linear_did_within_fp8_error(granu
     assert float((stale - want).norm() / want.norm()) > 0.3
 
 
+def test_gemms_accumulate_fast_up_to_the_measured_reduction_length_and_in_fp32_beyond(monkeypatch):
+    """Fast accumulation was measured on K up to SDXL's 5120; a longer K (FLUX's 12288) keeps the
+    fp32 promotion, and the flag reaches the GEMM."""
+    seen = []
+    scaled_mm = torch._scaled_mm
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("use_fast_accum", False))
+        return scaled_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    for in_features, fast in [(64, True), (fp8.FAST_ACCUM_MAX_K, True), (fp8.FAST_ACCUM_MAX_K + 1, False)]:
+        layer = fp8.StaticFP8Linear.replacing(torch.nn.Linear(in_features, 16), input_amax=1.0)
+        assert layer.fast_accum is fast
+        layer(torch.randn(3, in_features))
+        assert seen[-1] is fast
+
+
 def test_zero_activations_give_zeros_not_nan():
     """SDXL encodes an empty negative prompt as zeros: an amax of 0 must not become a scale of 0."""
     layer = fp8.StaticFP8Linear.replacing(torch.nn.Linear(64, 32, bias=False), input_amax=0.0)
