@@ -62,11 +62,23 @@ def scales_for(pipe: Any, model: str) -> tuple[dict[str, float], str]:
 
 def quantized_copy(pipe: Any, scales: dict[str, float], granularity: str) -> torch.nn.Module:
     """A copy of the denoiser in FP8 at ``granularity`` (``tensor``, ``row``) as the worker makes
-    it; ``-fastacc``: every linear with cuBLAS's fast accumulation, ``-slowacc``: none."""
+    it; ``-fastacc``: every linear with cuBLAS's fast accumulation, ``-slowacc``: none; ``-act8`` /
+    ``-act16``: GEGLU's input written in FP8 / fp16 (``DIFFQ_FP8_ACTIVATIONS``; the worker's
+    default without either)."""
     name = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
     copied = SimpleNamespace(**{name: copy.deepcopy(getattr(pipe, name))})
-    base, _, accumulate = granularity.partition("-")
-    count = fp8.quantize(copied, scales, base)
+    base, *flags = granularity.split("-")
+    accumulate = next((f for f in flags if f.endswith("acc")), "")
+    before = os.environ.get("DIFFQ_FP8_ACTIVATIONS")
+    for flag, value in (("act8", "1"), ("act16", "0")):
+        if flag in flags:
+            os.environ["DIFFQ_FP8_ACTIVATIONS"] = value
+    try:
+        count = fp8.quantize(copied, scales, base)
+    finally:
+        os.environ.pop("DIFFQ_FP8_ACTIVATIONS", None)
+        if before is not None:
+            os.environ["DIFFQ_FP8_ACTIVATIONS"] = before
     for layer in getattr(copied, name).modules():
         if isinstance(layer, fp8.StaticFP8Linear) and accumulate:
             layer.fast_accum = accumulate == "fastacc"
@@ -172,12 +184,15 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
     ap.add_argument("--error-prompts", type=int, default=0, help="per-step error over this many prompts (0: skip)")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--granularity", default="tensor", help="for the per-step error (tensor, row; -fastacc, -slowacc)")
+    ap.add_argument(
+        "--granularity", default="tensor", help="for the per-step error (tensor, row; -fastacc -slowacc -act8 -act16)"
+    )
     ap.add_argument(
         "--time",
         default="",
         help="compiled UNet call time of these: fp16,tensor,row (-linears: fp16 convolutions; "
         "-fastacc / -slowacc: fast FP8 accumulation on every linear / none; "
+        "-act8 / -act16: GEGLU's input in FP8 / fp16; "
         f"@{'+'.join(INDUCTOR)}: compiler settings)",
     )
     ap.add_argument("--batch", type=int, default=8, help="images per call (CFG doubles the rows)")

@@ -18,6 +18,7 @@ from conftest import TINY_FLAGS, producer, run_worker, write_csv
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.queues import get_queue
 from producer.status import _running
@@ -101,6 +102,29 @@ def test_gemms_accumulate_fast_up_to_the_measured_reduction_length_and_in_fp32_b
         assert seen[-1] is fast
 
 
+def test_a_linear_writing_fp8_returns_its_output_in_the_models_dtype_saturated_not_nan():
+    """``DIFFQ_FP8_ACTIVATIONS``: the GEMM writes FP8 at the calibrated output scale (folded into
+    the input's scale and the bias); what overshoots saturates at the calibrated magnitude, and
+    a bias changed by an adapter is followed once requantized."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96).requires_grad_(False)
+    x = torch.randn(300, 64)
+    want = linear(x)
+    layer = fp8.StaticFP8Linear.replacing(linear, float(x.abs().amax()), "tensor", float(want.abs().amax()))
+    assert layer.fp8_output
+    got = layer(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert 0 < float((got - want).norm() / want.norm()) < 0.1
+    over = layer(4 * x)
+    assert torch.isfinite(over).all() and float(over.abs().max()) <= float(want.abs().amax()) * 1.001
+    with torch.no_grad():
+        linear.bias.add_(0.5)
+    layer.quantize_weight()
+    assert float((layer(x) - linear(x)).norm() / linear(x).norm()) < 0.1
+    # per-row weight scales keep the model's dtype out of the GEMM
+    assert not fp8.StaticFP8Linear.replacing(linear, 1.0, "row", 1.0).fp8_output
+
+
 def test_zero_activations_give_zeros_not_nan():
     """SDXL encodes an empty negative prompt as zeros: an amax of 0 must not become a scale of 0."""
     layer = fp8.StaticFP8Linear.replacing(torch.nn.Linear(64, 32, bias=False), input_amax=0.0)
@@ -130,6 +154,30 @@ def test_fp8_images_stay_close_to_the_fp32_ones_and_leave_the_short_and_text_lay
         assert psnr(a, b) > 25, psnr(a, b)
     scales = json.loads((fp8_cache / fp8.SCALES_FILE).read_text())
     assert [entry["model"] for entry in scales.values()] == ["tiny"]
+
+
+def test_the_feed_forwards_activation_inputs_are_written_in_fp8_when_asked(small_layers, fp8_cache, monkeypatch):
+    """The linears that feed GEGLU are calibrated at their outputs too; by default exactly those
+    write FP8, and the images stay close to fp32's; ``DIFFQ_FP8_ACTIVATIONS=0`` writes none, and
+    a bad value is one line naming the variable."""
+    plain = images(WarmPipelines(str(fp8_cache), device="cpu"))
+    cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
+    quantized = images(cache)
+    unet = cache.get("tiny")[0].pipe.unet
+    writing = {n for n, m in unet.named_modules() if isinstance(m, fp8.StaticFP8Linear) and m.fp8_output}
+    assert writing and all(name.endswith("ff.net.0.proj") for name in writing)
+    assert all(type(unet.get_submodule(name.removesuffix(".proj"))).__name__ == "GEGLU" for name in writing)
+    scales = next(iter(json.loads((fp8_cache / fp8.SCALES_FILE).read_text()).values()))["scales"]
+    assert {name + fp8.OUTPUT for name in writing} == {k for k in scales if k.endswith(fp8.OUTPUT)}
+    for a, b in zip(plain, quantized, strict=True):
+        assert psnr(a, b) > 25, psnr(a, b)
+    monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "0")
+    cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
+    images(cache)
+    assert not any(getattr(m, "fp8_output", False) for m in cache.get("tiny")[0].pipe.unet.modules())
+    monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "yes")
+    with pytest.raises(ConfigError, match=r"DIFFQ_FP8_ACTIVATIONS='yes': use 1 \(FP8 outputs\) or 0"):
+        fp8.quantize(cache.get("tiny")[0].pipe, {})
 
 
 def test_a_second_worker_loads_the_hosts_scales_instead_of_calibrating(small_layers, fp8_cache, caplog, monkeypatch):
@@ -186,6 +234,11 @@ def test_an_unknown_precision_is_one_line_naming_the_flag(monkeypatch):
 
     monkeypatch.setenv("DIFFQ_PRECISION", "fp4")
     with pytest.raises(ConfigError, match=r"--precision 'fp4': use one of fp16, fp8"):
+        Settings.load()
+    # and an FP8 switch mistyped is one line when the worker starts, not at its first job
+    monkeypatch.setenv("DIFFQ_PRECISION", "fp8")
+    monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "on")
+    with pytest.raises(ConfigError, match=r"DIFFQ_FP8_ACTIVATIONS='on': use 1"):
         Settings.load()
 
 

@@ -55,6 +55,20 @@ def test_a_file_key_changes_with_the_module_the_levers_and_the_signature():
     assert file_key(base, "a") == file_key(fingerprint(made()) | {"speedups": "compile-unet"}, "a")
 
 
+def test_fp8_layers_that_differ_only_by_their_buffers_get_different_files():
+    """An FP8 linear writing FP8 has an output scale the one writing fp16 lacks: the same classes
+    and parameters, another graph (``DIFFQ_FP8_ACTIVATIONS``)."""
+    from worker.pipelines import fp8
+
+    def quantized(output_amax: float | None) -> Small:
+        model = made()
+        model.inner = fp8.StaticFP8Linear.replacing(model.inner, 1.0, "tensor", output_amax)
+        return model
+
+    assert fingerprint(quantized(None)) != fingerprint(quantized(2.0))
+    assert fingerprint(quantized(2.0)) == fingerprint(quantized(3.0))  # a value, not the structure
+
+
 def test_files_are_written_whole_readable_by_the_host_and_shared_through_redis(tmp_path, redis_url):
     store = Store(tmp_path / "a", redis_url)
     store.write("k1", lambda path: Path(path).write_bytes(b"graph"))

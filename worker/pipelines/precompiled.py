@@ -258,13 +258,16 @@ def describe(value: Any) -> str:
 
 def fingerprint(module: torch.nn.Module) -> dict[str, Any]:
     """The module's structure: every submodule's class and attention processor, every
-    parameter's name, shape and dtype; and the software and GPU the graph is compiled for."""
+    parameter's and buffer's name, shape and dtype (FP8 layers differ by their buffers: one that
+    writes FP8 has an output scale); and the software and GPU the graph is compiled for."""
     digest = hashlib.sha256()
     for name, sub in module.named_modules():
         processor = getattr(sub, "processor", None)
         digest.update(f"{name}:{type(sub).__qualname__}:{type(processor).__qualname__}\n".encode())
     for name, param in module.named_parameters():
         digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}\n".encode())
+    for name, buffer in module.named_buffers():
+        digest.update(f"buffer {name}:{tuple(buffer.shape)}:{buffer.dtype}\n".encode())
     import diffusers
 
     device = next(module.parameters()).device
