@@ -159,6 +159,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fp8fast.unet.gain": lambda: _unet_gain("h100-fastacc-call.jsonl", "tensor", "tensor-fastacc"),
     "fp8mk.unet.gain": lambda: _unet_gain("h100-inductor-call1.jsonl", "tensor", "tensor@mk"),
     "first-image.warm.fp8fast": lambda: _first_image("h100-fastacc-queue-call2.jsonl", "fp8"),
+    # GEGLU's input written in FP8; the FP8 attention kernel (2026-11-26, sixth session)
+    **_pair("act8.h100", "h100-act8-queue-call.jsonl", "fp16", "fp8"),
+    "act8.h100.psnr": lambda: f"{_one('h100-act8-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    "act8.unet.gain": lambda: _unet_gain("h100-act8-call.jsonl", "tensor", "tensor-act8"),
+    "fp8attn.speedup": lambda: f"{_one('h100-fp8attn-call.jsonl', label='fp8attn.unet_call')['speedup_kernels']:.2f}×",
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
     "queue.share": _queue_share,
