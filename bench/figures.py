@@ -163,6 +163,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_pair("act8.h100", "h100-act8-queue-call.jsonl", "fp16", "fp8"),
     "act8.h100.psnr": lambda: f"{_one('h100-act8-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
     "act8.unet.gain": lambda: _unet_gain("h100-act8-call.jsonl", "tensor", "tensor-act8"),
+    **_pair("act8.h100.chunk16", "h100-act8-16-queue-call.jsonl", "fp16", "fp8"),
+    "first-image.warm.act8.chunk16": lambda: _first_image("h100-act8-16-queue-call.jsonl", "fp8"),
     "fp8attn.speedup": lambda: f"{_one('h100-fp8attn-call.jsonl', label='fp8attn.unet_call')['speedup_kernels']:.2f}×",
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
