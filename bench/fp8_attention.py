@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from fp8_conv import record, summary, timed  # bench/, this script's own folder
 
 E4M3 = torch.float8_e4m3fn
 #: the probabilities are multiplied by this before their cast to FP8 (e4m3's largest is 448): a
@@ -204,22 +204,6 @@ SDXL_SELF_ATTENTION = ((4096, 10, 10), (1024, 20, 60))
 HEAD_DIM = 64
 
 
-def timed(fn, repeat: int = 20) -> float:
-    """Median milliseconds of ``fn`` over ``repeat`` calls, CUDA events, after two warm calls."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def measure(rows: int, tokens: int, heads: int) -> dict:
     width = heads * HEAD_DIM
     q, k, v = (torch.randn(rows, tokens, width, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -276,16 +260,8 @@ def main() -> None:
         row.update(measure(args.rows, tokens, heads))
         for key in total:
             total[key] += row[key] * layers
-        print(json.dumps(row), flush=True)
-        with out.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-    summary = {"label": "fp8attn.unet_call", "rows": args.rows, "gpu": torch.cuda.get_device_name(0),
-               "torch": torch.__version__, **{k: round(v, 3) for k, v in total.items()}}  # fmt: skip
-    summary["speedup_kernels"] = round(total["fp16_ms"] / total["fp8_ms"], 3)
-    summary["speedup_with_cast"] = round(total["fp16_ms"] / (total["fp8_ms"] + total["cast_ms"]), 3)
-    print(json.dumps(summary), flush=True)
-    with out.open("a") as fh:
-        fh.write(json.dumps(summary) + "\n")
+        record(out, row)
+    record(out, summary("fp8attn.unet_call", args.rows, total))
 
 
 if __name__ == "__main__":

@@ -167,6 +167,18 @@ def run_worker(env: dict[str, str], *args: str, timeout: float = 240) -> subproc
     )
 
 
+def interpreted(code: str, argument: object) -> list:
+    """Run ``code`` in a child Python under Triton's interpreter (``TRITON_INTERPRET=1`` must be
+    set before Triton is first imported, which this process has done) with ``argument`` as JSON
+    in ``sys.argv[1]``; returns the JSON list its last line prints (the failures it found)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(argument)],
+        env=os.environ | {"TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def write_csv(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path

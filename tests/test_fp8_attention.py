@@ -4,15 +4,8 @@ in docs/benchmarks.md come from a kernel that computes attention."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).parent.parent
+from conftest import interpreted
 
 # (batch, query tokens, key tokens, heads, head_dim): token counts that are not a multiple of the
 # interpreter's 16-wide blocks (the masked tails), more keys than queries, one head
@@ -47,10 +40,4 @@ print(json.dumps(failures))
 
 def test_the_fp8_attention_kernel_computes_softmax_attention_with_its_scales():
     pytest.importorskip("triton", reason="triton is in the dev install (pyproject.toml)")
-    env = os.environ | {"TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", INTERPRETED, json.dumps(SHAPES)],
-        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert interpreted(INTERPRETED, SHAPES) == []

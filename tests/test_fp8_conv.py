@@ -5,15 +5,10 @@ H100's FP8 tensor cores are measured by bench/fp8_conv.py (docs/benchmarks.md)."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import interpreted
 
 from common.errors import ConfigError
 from worker.pipelines import fp8, fp8_conv
@@ -71,13 +66,7 @@ print(json.dumps(failures))
 
 def test_the_triton_kernel_computes_conv2d_and_its_fp8_reference():
     pytest.importorskip("triton", reason="triton is in the dev install (pyproject.toml)")
-    env = os.environ | {"TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", INTERPRETED, json.dumps(SHAPES)],
-        env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert interpreted(INTERPRETED, SHAPES) == []
 
 
 def test_a_weight_matrix_that_does_not_fit_the_input_is_refused():

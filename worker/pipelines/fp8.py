@@ -492,17 +492,15 @@ def apply(pipe: Any, model: str, store: ScaleStore | None, granularity: str = "t
     started = time.perf_counter()
     found, source = scales(pipe, model, store)
     quantize(pipe, found, granularity)
-    convs = sum(isinstance(layer, StaticFP8Conv2d) for layer in layers(pipe))
-    linears = sum(isinstance(layer, StaticFP8Linear) for layer in layers(pipe))
-    fast = sum(isinstance(layer, StaticFP8Linear) and layer.fast_accum for layer in layers(pipe))
-    outputs = sum(isinstance(layer, StaticFP8Linear) and layer.fp8_output for layer in layers(pipe))
+    quantized = list(layers(pipe))
+    linears = [layer for layer in quantized if isinstance(layer, StaticFP8Linear)]
     log.info(
         "fp8: %d linear layer(s) (%d accumulating fast, %d writing FP8) and %d convolution(s) in FP8 with static "
         "per-%s scales (%s)",
-        linears,
-        fast,
-        outputs,
-        convs,
+        len(linears),
+        sum(layer.fast_accum for layer in linears),
+        sum(layer.fp8_output for layer in linears),
+        len(quantized) - len(linears),
         granularity,
         source,
     )
