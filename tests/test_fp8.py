@@ -167,6 +167,9 @@ def test_the_feed_forwards_activation_inputs_are_written_in_fp8_when_asked(small
     writing = {n for n, m in unet.named_modules() if isinstance(m, fp8.StaticFP8Linear) and m.fp8_output}
     assert writing and all(name.endswith("ff.net.0.proj") for name in writing)
     assert all(type(unet.get_submodule(name.removesuffix(".proj"))).__name__ == "GEGLU" for name in writing)
+    # their GELU is the tanh form (fp8.FAST_GELU), every other GEGLU keeps diffusers' own
+    fast = {n for n, m in unet.named_modules() if m.__dict__.get("gelu") is fp8.tanh_gelu}
+    assert fast == {name.removesuffix(".proj") for name in writing}
     scales = next(iter(json.loads((fp8_cache / fp8.SCALES_FILE).read_text()).values()))["scales"]
     assert {name + fp8.OUTPUT for name in writing} == {k for k in scales if k.endswith(fp8.OUTPUT)}
     for a, b in zip(plain, quantized, strict=True):
@@ -175,9 +178,21 @@ def test_the_feed_forwards_activation_inputs_are_written_in_fp8_when_asked(small
     cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
     images(cache)
     assert not any(getattr(m, "fp8_output", False) for m in cache.get("tiny")[0].pipe.unet.modules())
+    assert not any("gelu" in m.__dict__ for m in cache.get("tiny")[0].pipe.unet.modules())
     monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "yes")
     with pytest.raises(ConfigError, match=r"DIFFQ_FP8_ACTIVATIONS='yes': use 1 \(FP8 outputs\) or 0"):
         fp8.quantize(cache.get("tiny")[0].pipe, {})
+
+
+def test_the_tanh_gelu_is_the_tanh_approximation_within_5e_4_of_the_exact_one_and_finite_in_fp16():
+    x = torch.linspace(-12, 12, 200_001, dtype=torch.float32)
+    got = fp8.tanh_gelu(x)
+    assert torch.allclose(got, torch.nn.functional.gelu(x, approximate="tanh"), atol=2e-6)
+    assert float((got - torch.nn.functional.gelu(x)).abs().max()) < 5e-4
+    half = torch.tensor([-60000.0, -100.0, -3.0, 0.0, 3.0, 100.0, 60000.0], dtype=torch.float16)
+    out = fp8.tanh_gelu(half)  # the cube of these overflows fp16: computed in fp32
+    assert out.dtype == torch.float16 and bool(out.isfinite().all())
+    assert out[-1] == half[-1] and out[0] == 0 and out[3] == 0
 
 
 def test_a_second_worker_loads_the_hosts_scales_instead_of_calibrating(small_layers, fp8_cache, caplog, monkeypatch):
