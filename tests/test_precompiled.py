@@ -69,6 +69,38 @@ def test_fp8_layers_that_differ_only_by_their_buffers_get_different_files():
     assert fingerprint(quantized(2.0)) == fingerprint(quantized(3.0))  # a value, not the structure
 
 
+def test_a_function_set_on_a_layer_and_a_change_to_our_own_layers_code_get_different_files(tmp_path, monkeypatch):
+    """FP8's GEGLU computes its GELU in the tanh form (a function set on the instance), and an
+    upgrade may change what diffq's own layers compute without changing their parameters: both
+    are other graphs. Code of a versioned package (torch, diffusers) is keyed by its version."""
+    from diffusers.models.activations import GEGLU
+
+    from worker.pipelines import fp8
+
+    def geglu() -> GEGLU:
+        torch.manual_seed(0)
+        return GEGLU(8, 8)
+
+    fast = geglu()
+    fast.gelu = fp8.tanh_gelu
+    assert fingerprint(geglu()) != fingerprint(fast)
+    assert fingerprint(geglu()) == fingerprint(geglu())
+
+    source = tmp_path / "own_layer.py"
+    body = "import torch\nclass Own(torch.nn.Linear):\n    def forward(self, x):\n        return super().forward(x){}\n"
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def own(tail: str) -> dict:
+        source.write_text(body.format(tail))
+        sys.modules.pop("own_layer", None)
+        import own_layer
+
+        return fingerprint(own_layer.Own(8, 8))
+
+    assert own("* 2") != own("* 3")
+    assert own("* 3") == own("* 3")
+
+
 def test_files_are_written_whole_readable_by_the_host_and_shared_through_redis(tmp_path, redis_url):
     store = Store(tmp_path / "a", redis_url)
     store.write("k1", lambda path: Path(path).write_bytes(b"graph"))

@@ -256,14 +256,32 @@ def describe(value: Any) -> str:
     return type(value).__qualname__
 
 
+#: packages whose code the key names by version; any other code in the graph is hashed by file
+VERSIONED = frozenset({"torch", "diffusers", "transformers", "peft", "accelerate", "builtins", "functools"})
+
+
 def fingerprint(module: torch.nn.Module) -> dict[str, Any]:
-    """The module's structure: every submodule's class and attention processor, every
+    """The module's structure: every submodule's class and attention processor, the functions
+    set on an instance over its class's (FP8's GEGLU computes its GELU in the tanh form), every
     parameter's and buffer's name, shape and dtype (FP8 layers differ by their buffers: one that
-    writes FP8 has an output scale); and the software and GPU the graph is compiled for."""
+    writes FP8 has an output scale); the source files of the code in it that is not a versioned
+    package's (diffq's own FP8 layers: an upgrade that changes their ``forward`` must not load
+    the graph the old one traced); and the software and GPU the graph is compiled for."""
     digest = hashlib.sha256()
+    code: set[str] = set()
     for name, sub in module.named_modules():
         processor = getattr(sub, "processor", None)
         digest.update(f"{name}:{type(sub).__qualname__}:{type(processor).__qualname__}\n".encode())
+        code.add(type(sub).__module__)
+        for attribute, value in sorted(vars(sub).items()):
+            if callable(value) and not isinstance(value, torch.nn.Module) and not attribute.startswith("_"):
+                what = getattr(value, "__qualname__", type(value).__qualname__)
+                digest.update(f"{name}.{attribute} = {what}\n".encode())
+                code.add(getattr(value, "__module__", None) or type(value).__module__)
+    for source in sorted(code):
+        path = getattr(sys.modules.get(source), "__file__", None)
+        if source.partition(".")[0] not in VERSIONED and path:
+            digest.update(f"code {source}:".encode() + hashlib.sha256(Path(path).read_bytes()).digest())
     for name, param in module.named_parameters():
         digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}\n".encode())
     for name, buffer in module.named_buffers():
