@@ -29,7 +29,7 @@ import torch._inductor.config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common.settings import Settings
-from worker.pipelines import fp8, models
+from worker.pipelines import fp8, models, reductions
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -42,6 +42,9 @@ INDUCTOR = {
     "mk": {"triton.multi_kernel": 1},
     # each generated kernel's launch configuration tuned by coordinate descent
     "cdt": {"coordinate_descent_tuning": True},
+    # rows up to 2048 elements reduced in one pass (the worker's ``persistent-norms`` lever,
+    # worker/pipelines/reductions.py): not a config setting, so applied by hand below
+    "persist": {},
 }
 
 
@@ -64,7 +67,8 @@ def quantized_copy(pipe: Any, scales: dict[str, float], granularity: str) -> tor
     """A copy of the denoiser in FP8 at ``granularity`` (``tensor``, ``row``) as the worker makes
     it; ``-fastacc``: every linear with cuBLAS's fast accumulation, ``-slowacc``: none; ``-act8`` /
     ``-act16``: GEGLU's input written in FP8 / fp16 (``DIFFQ_FP8_ACTIVATIONS``; the worker's
-    default without either)."""
+    default without either); ``-erf`` / ``-tanh``: GEGLU's GELU exact / in its tanh form where its
+    input is FP8 (``fp8.FAST_GELU``)."""
     name = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
     copied = SimpleNamespace(**{name: copy.deepcopy(getattr(pipe, name))})
     base, *flags = granularity.split("-")
@@ -73,9 +77,12 @@ def quantized_copy(pipe: Any, scales: dict[str, float], granularity: str) -> tor
     for flag, value in (("act8", "1"), ("act16", "0")):
         if flag in flags:
             os.environ["DIFFQ_FP8_ACTIVATIONS"] = value
+    fast_gelu = fp8.FAST_GELU
+    fp8.FAST_GELU = {"erf": False, "tanh": True}.get(next((f for f in flags if f in ("erf", "tanh")), ""), fast_gelu)
     try:
         count = fp8.quantize(copied, scales, base)
     finally:
+        fp8.FAST_GELU = fast_gelu
         os.environ.pop("DIFFQ_FP8_ACTIVATIONS", None)
         if before is not None:
             os.environ["DIFFQ_FP8_ACTIVATIONS"] = before
@@ -185,14 +192,16 @@ def main() -> None:
     ap.add_argument("--error-prompts", type=int, default=0, help="per-step error over this many prompts (0: skip)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument(
-        "--granularity", default="tensor", help="for the per-step error (tensor, row; -fastacc -slowacc -act8 -act16)"
+        "--granularity",
+        default="tensor",
+        help="for the per-step error (tensor, row; -fastacc -slowacc -act8 -act16 -erf -tanh)",
     )
     ap.add_argument(
         "--time",
         default="",
         help="compiled UNet call time of these: fp16,tensor,row (-linears: fp16 convolutions; "
         "-fastacc / -slowacc: fast FP8 accumulation on every linear / none; "
-        "-act8 / -act16: GEGLU's input in FP8 / fp16; "
+        "-act8 / -act16: GEGLU's input in FP8 / fp16; -erf / -tanh: its GELU exact / tanh form; "
         f"@{'+'.join(INDUCTOR)}: compiler settings)",
     )
     ap.add_argument("--batch", type=int, default=8, help="images per call (CFG doubles the rows)")
@@ -238,8 +247,13 @@ def main() -> None:
                 os.environ.pop("DIFFQ_FP8_CONVS")
         else:
             module = quantized_copy(pipe, scales, variant)
-        with torch._inductor.config.patch(settings):
-            timing = call_time(module, args.batch, dtype, profile=args.profile)
+        if "persist" in presets.split("+"):
+            reductions.widen()
+        try:
+            with torch._inductor.config.patch(settings):
+                timing = call_time(module, args.batch, dtype, profile=args.profile)
+        finally:
+            reductions.restore()
         records.append(base | {"what": "call_time", "variant": spec, "batch": args.batch, **timing})
         print(records[-1], flush=True)
         del module

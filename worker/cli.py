@@ -39,7 +39,7 @@ def run_options(func: Any) -> Any:
         click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq]."),
         click.option(
             "--speedups",
-            help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)} "
+            help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)}; auto in a list adds the defaults "
             f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA, none on the CPU].",
         ),
         click.option(

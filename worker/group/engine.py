@@ -55,8 +55,9 @@ class RankEngine:
         # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
         # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
         speedups = settings.speedups
-        if speedups == "auto" and settings.device != "cpu" and torch.cuda.is_available():
-            speedups = GROUP_CUDA_DEFAULT
+        named = [name.strip() for name in speedups.split(",") if name.strip()]
+        if "auto" in named and settings.device != "cpu" and torch.cuda.is_available():
+            speedups = ",".join([GROUP_CUDA_DEFAULT, *(name for name in named if name != "auto")])
         self.pipelines = WarmPipelines.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None

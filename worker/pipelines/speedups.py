@@ -29,7 +29,7 @@ import torch
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
-from worker.pipelines import fp8
+from worker.pipelines import fp8, reductions
 
 log = logging.getLogger("diffq.worker")
 
@@ -45,11 +45,11 @@ class Speedups:
 
     @classmethod
     def parse(cls, text: str, device: torch.device, precision: str = "fp16") -> Speedups:
-        """The levers ``--speedups`` names (``auto``: the device's defaults), with ``fp8`` for
-        ``--precision fp8`` where this device has FP8 matmuls."""
+        """The levers ``--speedups`` names (``auto``: the device's defaults, and any named beside
+        it), with ``fp8`` for ``--precision fp8`` where this device has FP8 matmuls."""
         names = speedup_names(text)
-        if names is None:
-            names = frozenset(CUDA_DEFAULT_SPEEDUPS if device.type == "cuda" else ())
+        if "auto" in names:
+            names = (names - {"auto"}) | frozenset(CUDA_DEFAULT_SPEEDUPS if device.type == "cuda" else ())
         if precision == "fp8":
             names = names | {"fp8"}
         if "fp8" in names and not fp8_supported(device):
@@ -122,6 +122,12 @@ def apply(
             raise ModelLoadError(
                 f"precision fp8 could not quantize {model or 'this model'}: {type(exc).__name__}: {exc}"
             ) from exc
+    if "persistent-norms" in speedups:
+        # before the (lazy) compiles: one read of each LayerNorm row of 1280; on an H100 one UNet
+        # call 176.27 -> 172.03 ms under fp8, 246.37 -> 242.57 under fp16 (docs/benchmarks.md)
+        reductions.widen()
+    else:  # a process-wide switch: what this pipeline compiles is what its levers say
+        reductions.restore()
     if "compile-unet" in speedups:
         # one graph: also fuses what lies between the blocks (Transformer2DModel's GroupNorm and
         # permutes, the samplers, the skip concatenations); measured 240 against 254 ms a step
