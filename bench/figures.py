@@ -165,6 +165,13 @@ FIGURES: dict[str, Callable[[], str]] = {
     "act8.unet.gain": lambda: _unet_gain("h100-act8-call.jsonl", "tensor", "tensor-act8"),
     **_pair("act8.h100.chunk16", "h100-act8-16-queue-call.jsonl", "fp16", "fp8"),
     "first-image.warm.act8.chunk16": lambda: _first_image("h100-act8-16-queue-call.jsonl", "fp8"),
+    # GEGLU's GELU in its tanh form; persistent LayerNorms (2026-11-27, seventh session)
+    "gelu.unet.gain": lambda: _unet_gain("h100-gelu-call.jsonl", "tensor-erf", "tensor-tanh"),
+    **_pair("gelu.h100.chunk16", "h100-gelu-queue-call.jsonl", "fp16", "fp8"),
+    "gelu.h100.psnr": lambda: f"{_one('h100-gelu-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    "first-image.warm.gelu.chunk16": lambda: _first_image("h100-gelu-queue-call.jsonl", "fp8"),
+    "persist.unet.gain": lambda: _unet_gain("h100-persist-call.jsonl", "tensor", "tensor@persist"),
+    "persist.unet.fp16.gain": lambda: _unet_gain("h100-persist-fp16-call.jsonl", "fp16", "fp16@persist"),
     "fp8attn.speedup": lambda: f"{_one('h100-fp8attn-call.jsonl', label='fp8attn.unet_call')['speedup_kernels']:.2f}×",
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
