@@ -55,6 +55,10 @@ def images(cache: WarmPipelines, adapter: str | None = None) -> list[np.ndarray]
     return [np.asarray(image, dtype=np.float32) for image in result.images]
 
 
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a.ravel() @ b.ravel() / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a - b) ** 2))
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
@@ -224,8 +228,14 @@ def test_an_adapter_merged_into_an_fp8_worker_is_what_its_fp8_layers_compute(sma
     merged = cache.get("tiny")[0].merged
     assert merged.direct and not merged.peft  # read and merged by diffq's own reader, not PEFT's slower load
     back = images(cache)
-    for w, got, no in zip(want, with_adapter, without, strict=True):
-        assert psnr(w, got) > psnr(w, no) + 3  # the adapter's image, not the base one
+    plain = images(base)
+    for w, got, no, p in zip(want, with_adapter, without, plain, strict=True):
+        # the adapter's image, not the base one. On the tiny model the adapter moves an image
+        # about as far as FP8 does (37 dB), so the margins are measured ones: with the FP8 copies
+        # refreshed 2.7-3.3 dB closer and the change 0.57-0.61 aligned with fp32's (cosine); with
+        # them left stale (fp8.refresh skipped) 0.3-0.6 dB and 0.22-0.26
+        assert psnr(w, got) > psnr(w, no) + 1.5
+        assert cosine(w - p, got - no) > 0.4
         assert psnr(w, got) > 25
     for a, b in zip(back, without, strict=True):
         assert np.array_equal(a, b)  # the adapter taken out: the base FP8 weights again, exactly
