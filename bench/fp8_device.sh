@@ -2,7 +2,8 @@
 # The FP8 issue's measurements on one GPU (source bench/device_setup.sh first; carry .whl and
 # .redis). JSON lines to $OUT/fp8.jsonl, logs under $OUT. Phases, in the order given:
 #   queue:fp16 queue:fp8   the worker's defaults through the queue, --precision fp16 / fp8
-#                          (sdxl-random 1024², 30 steps, CFG 5, chunk 8 or CHUNK; IMAGES_FP16 / IMAGES_FP8)
+#                          (sdxl-random 1024², 30 steps, CFG 5, chunk 8 or CHUNK; IMAGES_FP16 / IMAGES_FP8;
+#                          SPEEDUPS: the worker's levers, auto unless set, e.g. auto,persistent-norms)
 #   quality                the fp8 run's PNGs against the fp16 run's (same names: PSNR, SSIM)
 #   error                  the UNet's FP8 output error at each of 30 steps (bench/fp8_unet.py; GRANULARITY)
 #   time                   one compiled UNet call: fp16, FP8 per-tensor, FP8 per-row (batch 8); VARIANTS
@@ -24,7 +25,7 @@ for phase in "$@"; do
       p=${phase#queue:}
       n=$([ $p = fp8 ] && echo ${IMAGES_FP8:-96} || echo ${IMAGES_FP16:-64})
       timeout ${QUEUE_S:-280} python3 bench/e2e_queue.py --out $R --tag $p --precision $p --images-per-gpu $n \
-        --chunk ${CHUNK:-8} --timeout $(( ${QUEUE_S:-280} - 10 )) > $OUT/queue-$p.log 2>&1
+        --chunk ${CHUNK:-8} --speedups ${SPEEDUPS:-auto} --timeout $(( ${QUEUE_S:-280} - 10 )) > $OUT/queue-$p.log 2>&1
       tail -c 1500 $OUT/queue-$p.log ;;
     quality)
       python3 bench/quality.py /tmp/diffq-bench/bench1fp16 /tmp/diffq-bench/bench1fp8 --tag sdxl-fp8-vs-fp16 --out $R \
