@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from common.errors import ConfigError
 from common.jobspec import GenParams
+from common.presets import speedup_names
 from common.settings import Settings
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
@@ -55,9 +56,9 @@ class RankEngine:
         # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
         # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
         speedups = settings.speedups
-        named = [name.strip() for name in speedups.split(",") if name.strip()]
+        named = speedup_names(speedups)
         if "auto" in named and settings.device != "cpu" and torch.cuda.is_available():
-            speedups = ",".join([GROUP_CUDA_DEFAULT, *(name for name in named if name != "auto")])
+            speedups = ",".join([GROUP_CUDA_DEFAULT, *sorted(named - {"auto"})])
         self.pipelines = WarmPipelines.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None
