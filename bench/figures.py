@@ -172,6 +172,12 @@ FIGURES: dict[str, Callable[[], str]] = {
     "first-image.warm.gelu.chunk16": lambda: _first_image("h100-gelu-queue-call.jsonl", "fp8"),
     "persist.unet.gain": lambda: _unet_gain("h100-persist-call.jsonl", "tensor", "tensor@persist"),
     "persist.unet.fp16.gain": lambda: _unet_gain("h100-persist-fp16-call.jsonl", "fp16", "fp16@persist"),
+    # persistent LayerNorms through the queue; batch 32 (2026-11-27, eighth session)
+    **_pair("persistq.h100.chunk16", "h100-persistq-queue-call.jsonl", "fp16", "fp8"),
+    "persistq.h100.psnr": lambda: f"{_one('h100-persistq-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    "first-image.warm.persistq.chunk16": lambda: _first_image("h100-persistq-queue-call.jsonl", "fp8"),
+    "batch32.h100.fp8": lambda: f"{_rate('h100-batch32-call.jsonl', 'fp8'):.3f}",
+    "first-image.cold.batch32": lambda: _first_image("h100-batch32-call.jsonl", "fp8"),
     "fp8attn.speedup": lambda: f"{_one('h100-fp8attn-call.jsonl', label='fp8attn.unet_call')['speedup_kernels']:.2f}×",
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),
