@@ -178,6 +178,10 @@ FIGURES: dict[str, Callable[[], str]] = {
     "first-image.warm.persistq.chunk16": lambda: _first_image("h100-persistq-queue-call.jsonl", "fp8"),
     "batch32.h100.fp8": lambda: f"{_rate('h100-batch32-call.jsonl', 'fp8'):.3f}",
     "first-image.cold.batch32": lambda: _first_image("h100-batch32-call.jsonl", "fp8"),
+    "decoder.fp8conv.speedup": lambda: (
+        f"{_one('h100-decoder-convs-call.jsonl', label='fp8conv.decoder_call')['speedup_kernels']:.2f}×"
+    ),
+    "decoder.h100.b16": lambda: f"{_one('h100-decoder-profile-call.jsonl', kind='decoder_time')['decode_ms']:.0f} ms",
     "fp8attn.speedup": lambda: f"{_one('h100-fp8attn-call.jsonl', label='fp8attn.unet_call')['speedup_kernels']:.2f}×",
     "defaults.h100": lambda: _defaults("h100"),
     "defaults.h200": lambda: _defaults("h200"),

@@ -2,6 +2,10 @@
 convolution shape of the SDXL UNet at one batch, and summed the way one UNet call runs them.
 
     python bench/fp8_conv.py --out r.jsonl --rows 16      # 16 UNet rows = a batch of 8 with CFG
+    python bench/fp8_conv.py --out r.jsonl --rows 16 --part decoder   # the VAE decoder's, 16 images
+
+``--part decoder`` takes the SDXL VAE decoder's convolutions at 1024² instead (a decode of
+``--rows`` images): what an FP8 decoder could save at most in its convolutions.
 
 For each distinct convolution (channels in/out, size, kernel, stride) the UNet runs at 1024²:
 cuDNN fp16 channels-last (``cudnn.benchmark`` on, as the worker runs it), the Triton FP8 kernel
@@ -23,9 +27,30 @@ import torch
 import torch.nn.functional as F
 
 from worker.pipelines import fp8_conv
-from worker.pipelines.models import SDXL_UNET
+from worker.pipelines.models import SDXL_UNET, SDXL_VAE
 
 E4M3 = torch.float8_e4m3fn
+
+
+def decoder_shapes() -> Counter[tuple[int, ...]]:
+    """(C, H, W, C_out, k, stride, padding) of every convolution one decode at 1024² runs, counted."""
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL(**SDXL_VAE).to("cuda", torch.float16).eval()
+    seen: Counter[tuple[int, ...]] = Counter()
+
+    def hook(module: torch.nn.Conv2d, args: tuple[torch.Tensor, ...]) -> None:
+        _, c, h, w = args[0].shape
+        seen[(c, h, w, module.out_channels, module.kernel_size[0], module.stride[0], module.padding[0])] += 1
+
+    for module in vae.decoder.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.register_forward_pre_hook(hook)
+    with torch.no_grad():
+        vae.decoder(torch.randn(1, 4, 128, 128, device="cuda", dtype=torch.float16))
+    del vae
+    torch.cuda.empty_cache()
+    return seen
 
 
 def conv_shapes(rows: int) -> Counter[tuple[int, ...]]:
@@ -126,15 +151,16 @@ def summary(label: str, rows: int, total: dict[str, float]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON lines file to append to")
-    parser.add_argument("--rows", type=int, default=16, help="UNet rows (batch x 2 with CFG)")
+    parser.add_argument("--rows", type=int, default=16, help="UNet rows (batch x 2 with CFG), or images decoded")
+    parser.add_argument("--part", choices=("unet", "decoder"), default="unet", help="whose convolutions")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
-    shapes = conv_shapes(args.rows)
+    shapes = conv_shapes(args.rows) if args.part == "unet" else decoder_shapes()
     out = Path(args.out)
     total = Counter()
     for (c, h, w, c_out, k, stride, pad), count in sorted(shapes.items()):
-        row: dict = {"label": "fp8conv.shape", "rows": args.rows, "c": c, "hw": h, "c_out": c_out, "k": k,
-                     "stride": stride, "count": count}  # fmt: skip
+        row: dict = {"label": "fp8conv.shape", "part": args.part, "rows": args.rows, "c": c, "hw": h, "c_out": c_out,
+                     "k": k, "stride": stride, "count": count}  # fmt: skip
         if c < 16 or c_out < 16:
             row["skipped"] = "fewer than 16 channels (conv_in / conv_out stay fp16)"
             print(json.dumps(row), flush=True)
@@ -143,7 +169,7 @@ def main() -> None:
         for key in ("fp16_ms", "fp8_ms", "cast_ms"):
             total[key] += row[key] * count
         record(out, row)
-    record(out, summary("fp8conv.unet_call", args.rows, total))
+    record(out, summary(f"fp8conv.{args.part}_call", args.rows, total))
 
 
 if __name__ == "__main__":

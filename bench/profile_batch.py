@@ -8,6 +8,7 @@ attention, convolution, normalization, elementwise, copies) and the GPU's idle t
 the denoising loop. The Chrome trace is written gzipped beside --out.
 
     python3 bench/profile_batch.py --out $OUT/profile.jsonl
+    python3 bench/profile_batch.py --out $OUT/profile.jsonl --part decoder --batch 16 --speedups vae-fp16,compile-vae
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +34,7 @@ from rank_profile import kind_of  # bench/, this script's own folder
 
 from common.jobspec import GenParams
 from worker.output.images import png_bytes, temp_dir, write_atomic
-from worker.pipelines.generate import run_batch
+from worker.pipelines.generate import decode, run_batch
 from worker.pipelines.models import sdxl_random
 from worker.pipelines.speedups import Speedups
 from worker.pipelines.speedups import apply as apply_speedups
@@ -46,6 +49,53 @@ def emit(out: Path, record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
+def gpu_time(call: Callable[[], Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """GPU kernel microseconds of one ``call`` by kind (bench/rank_profile.py's classes) and by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    by_kind: dict[str, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_kind[kind_of(e.name)] += e.device_time
+            by_name[e.name[:90]] += e.device_time
+    return by_kind, by_name
+
+
+@torch.inference_mode()  # as the pipeline's call: no autograd graph of the decoder's activations
+def profile_decoder(pipe: Any, args: argparse.Namespace, setting: dict) -> None:
+    """The decode of ``--batch`` random latents as the worker decodes (``generate.decode``, its
+    levers applied): median time of five, then one profiled, by kind of kernel."""
+    latents = torch.randn(args.batch, 4, args.size // 8, args.size // 8, device="cuda", dtype=torch.float16)
+    started = time.perf_counter()
+    decode(pipe, latents)
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - started
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        decode(pipe, latents)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    by_kind, by_name = gpu_time(lambda: decode(pipe, latents))
+    total = sum(by_kind.values())
+    emit(
+        args.out,
+        {
+            "kind": "decoder_time",
+            **setting,
+            "warm_up_s": round(warm_s, 1),
+            "decode_ms": round(1e3 * sorted(times)[2], 2),
+            "kernel_ms": round(total / 1e3, 2),
+            "by_kind_ms": {k: round(v / 1e3, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "top": [[n, round(v / 1e3, 2)] for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:12]],
+        },
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -53,6 +103,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--speedups", default="vae-fp16", help="the worker's levers, comma-separated")
+    ap.add_argument("--part", choices=("batch", "decoder"), default="batch",
+                    help="profile the whole batch, or the decode of --batch latents alone")  # fmt: skip
     args = ap.parse_args()
     import diffusers
 
@@ -75,6 +127,10 @@ def main() -> None:
 
     def batch():
         return run_batch(pipe, params, prompts, [""] * args.batch, seeds)
+
+    if args.part == "decoder":
+        profile_decoder(pipe, args, setting)
+        return
 
     started = time.perf_counter()
     batch()  # warm-up: cudnn autotune, allocator, compile
