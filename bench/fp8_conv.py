@@ -21,7 +21,9 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,43 +34,39 @@ from worker.pipelines.models import SDXL_UNET, SDXL_VAE
 E4M3 = torch.float8_e4m3fn
 
 
-def decoder_shapes() -> Counter[tuple[int, ...]]:
-    """(C, H, W, C_out, k, stride, padding) of every convolution one decode at 1024² runs, counted."""
-    from diffusers import AutoencoderKL
-
-    vae = AutoencoderKL(**SDXL_VAE).to("cuda", torch.float16).eval()
+def counted_convs(model: torch.nn.Module, run: Callable[[], Any]) -> Counter[tuple[int, ...]]:
+    """(C, H, W, C_out, k, stride, padding) of every convolution of ``model`` that ``run`` calls, counted."""
     seen: Counter[tuple[int, ...]] = Counter()
 
     def hook(module: torch.nn.Conv2d, args: tuple[torch.Tensor, ...]) -> None:
         _, c, h, w = args[0].shape
         seen[(c, h, w, module.out_channels, module.kernel_size[0], module.stride[0], module.padding[0])] += 1
 
-    for module in vae.decoder.modules():
-        if isinstance(module, torch.nn.Conv2d):
-            module.register_forward_pre_hook(hook)
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     with torch.no_grad():
-        vae.decoder(torch.randn(1, 4, 128, 128, device="cuda", dtype=torch.float16))
-    del vae
+        run()
+    for handle in handles:
+        handle.remove()
     torch.cuda.empty_cache()
     return seen
 
 
+def decoder_shapes() -> Counter[tuple[int, ...]]:
+    """The convolutions one decode at 1024² runs (:func:`counted_convs`)."""
+    from diffusers import AutoencoderKL
+
+    decoder = AutoencoderKL(**SDXL_VAE).to("cuda", torch.float16).eval().decoder
+    return counted_convs(decoder, lambda: decoder(torch.randn(1, 4, 128, 128, device="cuda", dtype=torch.float16)))
+
+
 def conv_shapes(rows: int) -> Counter[tuple[int, ...]]:
-    """(C, H, W, C_out, k, stride, padding) of every convolution one UNet call runs, counted."""
+    """The convolutions one UNet call runs (:func:`counted_convs`)."""
     from diffusers import UNet2DConditionModel
 
     unet = UNet2DConditionModel(**SDXL_UNET).to("cuda", torch.float16).eval()
-    seen: Counter[tuple[int, ...]] = Counter()
-
-    def hook(module: torch.nn.Conv2d, args: tuple[torch.Tensor, ...]) -> None:
-        _, c, h, w = args[0].shape
-        seen[(c, h, w, module.out_channels, module.kernel_size[0], module.stride[0], module.padding[0])] += 1
-
-    for module in unet.modules():
-        if isinstance(module, torch.nn.Conv2d):
-            module.register_forward_pre_hook(hook)
-    with torch.no_grad():
-        unet(
+    return counted_convs(
+        unet,
+        lambda: unet(
             torch.randn(1, 4, 128, 128, device="cuda", dtype=torch.float16),
             torch.tensor([500.0], device="cuda"),
             encoder_hidden_states=torch.randn(1, 77, 2048, device="cuda", dtype=torch.float16),
@@ -76,10 +74,8 @@ def conv_shapes(rows: int) -> Counter[tuple[int, ...]]:
                 "text_embeds": torch.randn(1, 1280, device="cuda", dtype=torch.float16),
                 "time_ids": torch.randn(1, 6, device="cuda", dtype=torch.float16),
             },
-        )
-    del unet
-    torch.cuda.empty_cache()
-    return seen
+        ),
+    )
 
 
 def timed(fn, repeat: int = 20) -> float:

@@ -49,20 +49,21 @@ def emit(out: Path, record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def gpu_time(call: Callable[[], Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """GPU kernel microseconds of one ``call`` by kind (bench/rank_profile.py's classes) and by name."""
+def gpu_time(call: Callable[[], Any]) -> tuple[Any, list[Any], dict[str, float], dict[str, float]]:
+    """One ``call`` under ``torch.profiler``: the profile, its GPU kernels, and their microseconds
+    by kind (bench/rank_profile.py's classes) and by name."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_kind: dict[str, float] = defaultdict(float)
     by_name: dict[str, float] = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_kind[kind_of(e.name)] += e.device_time
-            by_name[e.name[:90]] += e.device_time
-    return by_kind, by_name
+    for e in kernels:
+        by_kind[kind_of(e.name)] += e.device_time
+        by_name[e.name[:90]] += e.device_time
+    return prof, kernels, by_kind, by_name
 
 
 @torch.inference_mode()  # as the pipeline's call: no autograd graph of the decoder's activations
@@ -80,7 +81,7 @@ def profile_decoder(pipe: Any, args: argparse.Namespace, setting: dict) -> None:
         decode(pipe, latents)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
-    by_kind, by_name = gpu_time(lambda: decode(pipe, latents))
+    _, _, by_kind, by_name = gpu_time(lambda: decode(pipe, latents))
     total = sum(by_kind.values())
     emit(
         args.out,
@@ -172,21 +173,8 @@ def main() -> None:
         },
     )
 
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        batch()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_kind: dict[str, float] = defaultdict(float)
-    by_name: dict[str, float] = defaultdict(float)
-    spans = []
-    for e in kernels:
-        us = e.device_time
-        by_kind[kind_of(e.name)] += us
-        by_name[e.name[:90]] += us
-        spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
+    prof, kernels, by_kind, by_name = gpu_time(batch)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
     busy, idle, end = 0.0, 0.0, None
     for s, e in spans:  # union of kernel intervals; gaps between them are GPU idle
         if end is None or s > end:
