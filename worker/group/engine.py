@@ -30,6 +30,7 @@ from common.presets import speedup_names
 from common.settings import Settings
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
+from worker.pipelines import step_graphs
 from worker.pipelines.generate import BatchResult, is_flux, is_oom, run_split
 from worker.pipelines.warm import LoadedPipeline, WarmPipelines
 from worker.serving.failures import classify
@@ -39,8 +40,10 @@ log = logging.getLogger("diffq.group")
 
 #: what ``--speedups auto`` means for a group on CUDA: an SDXL group takes the single worker's
 #: levers (the whole UNet and the decoder compiled; compile-blocks is left out where compile-unet
-#: applies), a FLUX group compiles its transformer's blocks (the UNet levers do not apply to it)
-GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks"
+#: applies) and replays the UNet's small calls as CUDA graphs (a CFG pair at batch 1 launches the
+#: kernels of a whole image for half the rows: the host is its limit); a FLUX group compiles its
+#: transformer's blocks (the UNet levers do not apply to it)
+GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs"
 
 
 class RankEngine:
@@ -142,6 +145,7 @@ class RankEngine:
             dist.all_gather(both, out.contiguous(), group=group)
             return (torch.cat(both),)
 
+        split_forward.graphs = step_graphs.installed(pipe)  # type: ignore[attr-defined]  # for adapter switches
         unet.forward = split_forward
         decode = pipe.vae.decode
 

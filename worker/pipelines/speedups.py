@@ -29,7 +29,7 @@ import torch
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
-from worker.pipelines import fp8, reductions
+from worker.pipelines import fp8, reductions, step_graphs
 
 log = logging.getLogger("diffq.worker")
 
@@ -152,6 +152,9 @@ def apply(
         compile_whole(pipe.vae.decoder)
     if "vae-fp16" in speedups:
         pipe.vae.config.force_upcast = False
+    if "cuda-graphs" in speedups:
+        # last: the graphs record whatever the UNet's forward is now (a precompiled file's graph)
+        step_graphs.install(unet)
     if "cudnn-benchmark" in speedups:
         # cuDNN picks conv algorithms by heuristic unless told to time them; the timing happens
         # once per conv shape, so the warm-up batches pay it, and a new batch size pays it once

@@ -25,7 +25,7 @@ from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import adapter_weights, fp8, models
+from worker.pipelines import adapter_weights, fp8, models, step_graphs
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
@@ -211,7 +211,10 @@ class WarmPipelines:
         store = self.precompiled
         if store is None:
             return None
-        identity = {"model": model, "dtype": str(self.dtype), "speedups": speedups.describe()}
+        # cuda-graphs replays what was compiled and changes nothing in it: a worker with it and
+        # one without share files
+        graphed = Speedups(speedups.levers - {"cuda-graphs"})
+        identity = {"model": model, "dtype": str(self.dtype), "speedups": graphed.describe()}
         return lambda module: install(module, store, identity)
 
     def _no_room(self, model: str, exc: BaseException) -> ModelLoadError:
@@ -443,6 +446,7 @@ class WarmPipelines:
             loaded.merged.use(name, scale)
             if "fp8" in loaded.speedups:
                 fp8.refresh(loaded.pipe, loaded.merged.touched())  # the FP8 copies of the weights adapters change
+            step_graphs.reset(loaded.pipe)  # a switch may give weights new memory; graphs replay the old
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
@@ -481,7 +485,8 @@ def _probe(pipe: Any, params: GenParams) -> Callable[[int], object]:
 
     def run(batch: int) -> object:
         prompts = ["memory probe"] * batch
-        return run_batch(pipe, short, prompts=prompts, negatives=[""] * batch, seeds=list(range(batch)))
+        with step_graphs.paused(pipe):  # a graph per probed size would hold memory no job uses
+            return run_batch(pipe, short, prompts=prompts, negatives=[""] * batch, seeds=list(range(batch)))
 
     return run
 

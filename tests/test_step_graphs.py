@@ -1,0 +1,165 @@
+"""``cuda-graphs`` (worker/pipelines/step_graphs.py) on the CPU with the tiny model.
+
+CUDA graphs need a GPU; what they do is measured there (docs/groups.md, docs/benchmarks.md).
+Here :class:`ReplayedOnCpu` stands in for the three CUDA calls and keeps the one rule a real
+graph lives by: a replay reads the memory its capture saw, so it refuses to run once any of the
+module's weights has moved (a real graph would silently compute with the old memory). Everything
+else is the product's own code: the shape keys, the copies in and out, the rows limit, the reset
+after an adapter switch, the pause for the memory probe, the fallback when a capture fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from common.jobspec import GenParams
+from worker.pipelines import step_graphs
+from worker.pipelines.backend import Batch
+from worker.pipelines.speedups import Speedups
+from worker.pipelines.step_graphs import StepGraphs
+from worker.pipelines.warm import WarmPipelines
+
+PARAMS = GenParams(model="tiny", width=64, height=64, steps=3, guidance=5.0)
+
+
+class ReplayedOnCpu(StepGraphs):
+    """A graph as a recording: the capture's inputs, outputs and weight addresses; a replay
+    recomputes into the capture's output buffers, and fails where a real one would go wrong."""
+
+    def __init__(self, module: torch.nn.Module, **kwargs: Any) -> None:
+        self.module = module
+        self.warm_calls = 0
+        super().__init__(module, **kwargs)
+
+    def _addresses(self) -> list[int]:
+        return [p.data_ptr() for p in self.module.parameters()]
+
+    def _warm(self, args: tuple, kwargs: dict) -> None:
+        for _ in range(step_graphs.WARMUP_CALLS):
+            self.eager(*args, **kwargs)
+            self.warm_calls += 1
+
+    def _record(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        out = self.eager(*args, **kwargs)
+        return {"args": args, "kwargs": kwargs, "out": out, "addresses": self._addresses()}, out
+
+    def _replay(self, graph: Any) -> None:
+        assert self._addresses() == graph["addresses"], "a graph replayed after the weights moved"
+        fresh = self.eager(*graph["args"], **graph["kwargs"])
+        for mine, new in zip(graph["out"], fresh, strict=True):
+            mine.copy_(new)
+
+
+def images(cache: WarmPipelines, n: int, adapter: str | None = None) -> list[np.ndarray]:
+    loaded, _ = cache.get("tiny")
+    cache.use_adapter(loaded, adapter, 1.0)
+    params = GenParams(**{**PARAMS.__dict__, "adapter": adapter})
+    batch = Batch(params, [f"a red fox {i}" for i in range(n)], [""] * n, list(range(3, 3 + n)), max_batch=n)
+    result, _ = cache.generate(loaded, batch)
+    return [np.asarray(image, dtype=np.int16) for image in result.images]
+
+
+@pytest.fixture
+def plain(cache_dir) -> WarmPipelines:
+    return WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+
+
+@pytest.fixture
+def graphed(cache_dir) -> tuple[WarmPipelines, ReplayedOnCpu]:
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    return cache, ReplayedOnCpu(cache.get("tiny")[0].pipe.unet)
+
+
+def test_replayed_unet_calls_make_the_same_images_one_capture_per_shape(plain, graphed):
+    cache, graphs = graphed
+    for n in (2, 1, 2):
+        for ref, got in zip(images(plain, n), images(cache, n), strict=True):
+            assert np.array_equal(ref, got)
+    # CFG: 4 rows and 2 rows, one capture each; every step of every job a replay
+    assert (graphs.captures, graphs.warm_calls) == (2, 2 * step_graphs.WARMUP_CALLS)
+    assert graphs.replays == 3 * PARAMS.steps
+
+
+def test_calls_of_more_rows_than_the_limit_run_without_a_graph(plain, cache_dir):
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    graphs = ReplayedOnCpu(cache.get("tiny")[0].pipe.unet, max_rows=2)
+    for ref, got in zip(images(plain, 2), images(cache, 2), strict=True):  # 4 rows with CFG
+        assert np.array_equal(ref, got)
+    assert (graphs.captures, graphs.replays) == (0, 0)
+    images(cache, 1)
+    assert (graphs.captures, graphs.replays) == (1, PARAMS.steps)
+
+
+def test_an_adapter_switch_drops_the_graphs_and_the_next_call_captures_again(plain, graphed):
+    """Weights that an adapter's merge gives new memory would be read stale by an old graph
+    (ReplayedOnCpu fails then); after every switch the images are the unwrapped pipeline's."""
+    cache, graphs = graphed
+    images(cache, 1)
+    assert graphs.captures == 1
+    loaded = cache.get("tiny")[0]
+    for adapter in ("tiny-dora", None, "tiny-dora"):
+        before = graphs.captures
+        for ref, got in zip(images(plain, 1, adapter), images(cache, 1, adapter), strict=True):
+            assert np.array_equal(ref, got)
+        assert graphs.captures == before + 1
+    # the same adapter again: nothing switched, nothing captured
+    images(cache, 1, "tiny-dora")
+    assert graphs.captures == 4
+    # and a moved weight without a reset is caught by the stand-in (what the reset is for)
+    first = next(loaded.pipe.unet.parameters())
+    first.data = first.data.clone()
+    with pytest.raises(AssertionError, match="weights moved"):
+        images(cache, 1, "tiny-dora")
+
+
+def test_the_memory_probe_and_a_failed_capture_run_the_unet_without_graphs(plain, graphed, caplog):
+    cache, graphs = graphed
+    pipe = cache.get("tiny")[0].pipe
+    assert step_graphs.installed(pipe) is graphs
+    with step_graphs.paused(pipe):
+        images(cache, 1)
+    assert (graphs.captures, graphs.replays) == (0, 0)
+
+    def fails(args: tuple, kwargs: dict) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    graphs._record = fails  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="diffq.worker"):
+        for ref, got in zip(images(plain, 1), images(cache, 1), strict=True):
+            assert np.array_equal(ref, got)
+    assert graphs.broken and graphs.captures == 0
+    lines = [r.getMessage() for r in caplog.records if "cuda-graphs" in r.getMessage()]
+    assert lines == [
+        "cuda-graphs: capturing the UNet's call failed (RuntimeError: operation not permitted when stream is "
+        "capturing); this worker runs it without CUDA graphs"
+    ]
+
+
+def test_a_cfg_pairs_split_forward_leads_to_its_graphs(graphed):
+    cache, graphs = graphed
+    pipe = cache.get("tiny")[0].pipe
+
+    def split_forward(*args: Any, **kwargs: Any) -> Any:
+        return graphs(*args, **kwargs)
+
+    split_forward.graphs = step_graphs.installed(pipe)  # type: ignore[attr-defined]  # as worker/group/engine.py does
+    pipe.unet.forward = split_forward
+    images(cache, 1)
+    assert graphs.captures == 1
+    step_graphs.reset(pipe)
+    assert graphs.graphs == {}
+
+
+def test_the_lever_on_a_cpu_worker_says_it_needs_a_gpu_and_changes_nothing(plain, cache_dir, caplog):
+    assert "cuda-graphs" in Speedups.parse("auto,cuda-graphs", torch.device("cpu"))
+    with caplog.at_level(logging.INFO, logger="diffq.worker"):
+        cache = WarmPipelines(str(cache_dir), device="cpu", speedups="cuda-graphs")
+        got = images(cache, 1)
+    assert not isinstance(cache.get("tiny")[0].pipe.unet.forward, StepGraphs)
+    assert "speedups: cuda-graphs needs the UNet on a CUDA GPU; this one runs without them" in caplog.messages
+    assert all(np.array_equal(a, b) for a, b in zip(images(plain, 1), got, strict=True))

@@ -1,0 +1,166 @@
+"""``cuda-graphs``: the UNet's calls replayed as one CUDA graph per input shape.
+
+Why: at batch 1 an H100 finishes SDXL's UNet kernels faster than one CPU thread launches them
+(about 1,700 per step). Measured on H100s (docs/benchmarks.md, docs/groups.md): one image with
+the single worker's levers took 1.217 s and 1.077 s with the UNet under CUDA graphs; a 2-GPU
+CFG pair, where each rank launches the same kernels for half the rows, 1.460 s without graphs
+and 0.712 s with them. At batch 8 the GPU is the limit and graphs gave nothing (−0.9 %), so
+calls above :data:`MAX_ROWS` rows run as before and hold no graph memory.
+
+Why by hand rather than ``torch.compile(mode="reduce-overhead")``: the UNet's compiled graph
+comes from a precompiled file (:mod:`worker.pipelines.precompiled`), which the compiler's own
+CUDA graphs do not wrap, and a 2-GPU process whose compiled graphs ran under them did not exit
+after its last call. Here one graph records whatever the UNet's forward launches (compiled or
+not); collectives stay outside it (a CFG pair gathers after the UNet call), so nothing NCCL owns
+is held by a graph.
+
+A graph replays the memory it was captured with: inputs are copied into its own buffers before
+each replay and its outputs cloned out, so the pipeline sees an ordinary module; and weights a
+switch of adapter replaces are new memory, so :func:`reset` drops every graph after a switch
+(the next call captures again: two warm calls and a capture, well under a second at batch 1).
+The memory probe runs without graphs (:func:`paused`): a probe's batch sizes are not the job's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+log = logging.getLogger("diffq.worker")
+
+#: calls of more rows than this run without a graph: batch 4 with CFG; the host is the limit
+#: only below it (batch 8, 16 rows: −0.9 % with graphs, and the graph's memory held for nothing)
+MAX_ROWS = 8
+#: eager calls on a side stream before a capture: the first may compile or load a precompiled
+#: file, the second runs what the capture will record (cuBLAS and cuDNN have picked their kernels)
+WARMUP_CALLS = 2
+
+
+class StepGraphs:
+    """Stands in for ``module.forward``; a new input signature (shapes, dtypes, plain values)
+    captures a new graph. The three methods at the bottom are the CUDA calls (tests replace them)."""
+
+    def __init__(self, module: torch.nn.Module, max_rows: int = MAX_ROWS) -> None:
+        self.eager = module.forward
+        self.max_rows = max_rows
+        self.graphs: dict[str, tuple[Any, list[Any], Any]] = {}
+        self.captures = 0
+        self.replays = 0
+        self.paused = False
+        self.broken = False  # a capture failed: this module runs without graphs from then on
+        module.forward = self  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        """Drop every graph (the weights they read may have moved); the next call captures."""
+        self.graphs.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = tree_flatten((args, kwargs))
+        rows = next((x.shape[0] for x in leaves if isinstance(x, torch.Tensor) and x.dim() > 0), 0)
+        if self.paused or self.broken or rows > self.max_rows:
+            return self.eager(*args, **kwargs)
+        key = _key(leaves, spec)
+        if key not in self.graphs:
+            try:
+                self.graphs[key] = self._capture(leaves, spec)
+            except torch.OutOfMemoryError:
+                self.graphs.pop(key, None)
+                raise
+            except Exception as exc:
+                self.broken = True
+                self.graphs.clear()
+                log.warning(
+                    "cuda-graphs: capturing the UNet's call failed (%s: %s); this worker runs it without CUDA graphs",
+                    type(exc).__name__,
+                    str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
+                )
+                return self.eager(*args, **kwargs)
+            self.captures += 1
+        graph, static, out = self.graphs[key]
+        for mine, given in zip(static, leaves, strict=True):
+            if isinstance(mine, torch.Tensor):
+                mine.copy_(given)
+        self._replay(graph)
+        self.replays += 1
+        return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)
+
+    def _capture(self, leaves: list[Any], spec: Any) -> tuple[Any, list[Any], Any]:
+        args, kwargs = tree_unflatten(leaves, spec)
+        self._warm(args, kwargs)
+        static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+        args, kwargs = tree_unflatten(static, spec)
+        graph, out = self._record(args, kwargs)
+        return graph, static, out
+
+    # -- the CUDA calls ------------------------------------------------------------------------
+
+    def _warm(self, args: tuple, kwargs: dict) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self.eager(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _record(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the worker's other threads (heartbeats, metrics, the PNG writer) may
+        # call into CUDA while this one captures; their calls are theirs, not the graph's
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = self.eager(*args, **kwargs)
+        return graph, out
+
+    def _replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+def _key(leaves: list[Any], spec: Any) -> str:
+    described = [
+        (tuple(x.shape), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves
+    ]
+    return f"{spec}|{described}"
+
+
+def install(module: torch.nn.Module) -> StepGraphs | None:
+    """Graph ``module``'s calls where it runs on a CUDA device; elsewhere nothing changes (None)."""
+    weight = next(module.parameters(), None)
+    if weight is None or weight.device.type != "cuda":
+        log.info("speedups: cuda-graphs needs the UNet on a CUDA GPU; this one runs without them")
+        return None
+    return StepGraphs(module)
+
+
+def installed(pipe: Any) -> StepGraphs | None:
+    """The graphs standing in for ``pipe``'s UNet, if any (also under a CFG pair's split forward)."""
+    unet = getattr(pipe, "unet", None)
+    forward = getattr(unet, "forward", None)
+    if isinstance(forward, StepGraphs):
+        return forward
+    inner = getattr(forward, "graphs", None)  # the CFG pair's split_forward names what it wraps
+    return inner if isinstance(inner, StepGraphs) else None
+
+
+def reset(pipe: Any) -> None:
+    """After a switch of adapter: the graphs read the weights' old memory, so capture again."""
+    graphs = installed(pipe)
+    if graphs is not None:
+        graphs.reset()
+
+
+@contextlib.contextmanager
+def paused(pipe: Any) -> Iterator[None]:
+    """Run ``pipe``'s UNet without graphs inside (the memory probe's batch sizes are not the job's)."""
+    graphs = installed(pipe)
+    if graphs is None:
+        yield
+        return
+    graphs.paused, was = True, graphs.paused
+    try:
+        yield
+    finally:
+        graphs.paused = was
