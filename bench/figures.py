@@ -202,6 +202,20 @@ FIGURES: dict[str, Callable[[], str]] = {
     "group.sdxl.cfg2.b4.queue": lambda: (
         f"{_one('h100x2-sdxl4-queue-call.jsonl', kind='group-queue')['steady_s_per_job']:.3f} s"
     ),
+    # the cuda-graphs lever (worker/pipelines/step_graphs.py), 2 H100s, batch 1 and 4, one call each
+    "graphs.1gpu": lambda: _group("h100x2-graphs2-call.jsonl", "sdxl-1gpu-worker-levers", "sdxl-1gpu-cuda-graphs"),
+    "graphs.cfg2.vs-worker": lambda: _group(
+        "h100x2-graphs2-call.jsonl", "sdxl-1gpu-worker-levers", "sdxl-cfg2-group-default"
+    ),
+    "graphs.cfg2": lambda: _group("h100x2-graphs2-call.jsonl", "sdxl-1gpu-cuda-graphs", "sdxl-cfg2-group-default"),
+    "graphs.cfg2.s": lambda: f"{_one('h100x2-graphs2-call.jsonl', label='sdxl-cfg2-group-default')['s_per_img']:.3f} s",
+    "graphs.cfg2.queue": lambda: f"{_one('h100x2-graphs2-call.jsonl', kind='group-queue')['job_s_median']:.3f} s",
+    "graphs.cfg2.b4": lambda: _group(
+        "h100x2-graphs4-call.jsonl", "sdxl-1gpu-b4-cuda-graphs", "sdxl-cfg2-b4-group-default"
+    ),
+    "graphs.cfg2.b4.vs-worker": lambda: _group(
+        "h100x2-graphs4-call.jsonl", "sdxl-1gpu-b4", "sdxl-cfg2-b4-group-default"
+    ),
     "unet.rows.1-2": lambda: _rows("h100-unet-rows-call1.jsonl", "cudagraphs-fp16", 2, 1),
     "unet.rows.4-8": lambda: _rows("h100-unet-rows-call2.jsonl", "compile-fp16", 8, 4),
     "group.engine.1gpu": lambda: f"{_one('h100-group-engine-call.jsonl', kind='group-bare')['s_per_img']:.3f} s",

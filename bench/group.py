@@ -43,8 +43,8 @@ def main() -> None:
     ap.add_argument(
         "--cudagraphs",
         action="store_true",
-        help="experiment: the whole-graph levers compile lazily with mode=reduce-overhead (CUDA graphs), "
-        "no precompiled files; the product has no such lever yet",
+        help="experiment: the whole-graph levers compile lazily with mode=reduce-overhead (the compiler's CUDA "
+        "graphs), no precompiled files; the product's lever is cuda-graphs (worker/pipelines/step_graphs.py)",
     )
     ap.add_argument(
         "--graph-steps",

@@ -11,6 +11,8 @@
 #   bash bench/group_device.sh flux2048  # FLUX 2048²: 1 GPU, Ulysses 2, Ulysses 2 + parallel VAE; 1024² Ulysses 2 under CUDA graphs
 #   bash bench/group_device.sh handoff   # a single worker too small for SDXL hands its jobs to a one-rank group
 #   bash bench/group_device.sh graphsteps  # FLUX 1024²: 1 GPU and Ulysses 2, compiled, each without and with one CUDA graph per step; SDXL batch 1 too
+#   bash bench/group_device.sh graphs2  # SDXL batch 1: 1 GPU without and with cuda-graphs, the CFG pair's defaults, bare and queued
+#   bash bench/group_device.sh graphs4  # the same at batch 4 (after graphs2, same machine)
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -156,6 +158,33 @@ flux4c)  # issue 46, 4 GPUs when lent: FLUX on 1 GPU compiled (the baseline), Ul
   [ $SECONDS -lt 440 ] && { timeout $((530 - SECONDS)) python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" \
     --jobs 6 --out $R > $OUT/queue4c.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+graphs2)  # issue 46: the cuda-graphs lever (worker/pipelines/step_graphs.py) at batch 1: 1 GPU with the single
+  # worker's levers without it and with it, the CFG pair with the group's defaults (which include it), bare and
+  # through the queue (--burst: the group must exit by itself after its last job); one compile cache
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  W=vae-fp16,compile-unet,compile-vae
+  nvidia-smi topo -m > $OUT/topo.txt 2>&1
+  DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy \
+    --out $R --label sdxl-1gpu-worker-levers > $OUT/sdxl1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$W,cuda-graphs timeout 120 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-cuda-graphs > $OUT/sdxl1g.log 2>&1; echo "1 GPU, cuda-graphs rc=$? at ${SECONDS}s"
+  timeout $((520 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 3 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2-group-default > $OUT/sdxl2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 470 ] && { timeout $((560 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  for f in $OUT/*.log; do tail -n 3 "$f"; done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+graphs4)  # issue 46: the same at batch 4 (run right after graphs2 on the same machine: one compile cache)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  W=vae-fp16,compile-unet,compile-vae
+  DIFFQ_SPEEDUPS=$W timeout 240 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --save /tmp/sdxl4.npy \
+    --out $R --label sdxl-1gpu-b4 > $OUT/b4-1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$W,cuda-graphs timeout 120 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 \
+    --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-cuda-graphs > $OUT/b4-1g.log 2>&1; echo "1 GPU graphs rc=$? at ${SECONDS}s"
+  timeout $((560 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 \
+    --compare /tmp/sdxl4.npy --out $R --label sdxl-cfg2-b4-group-default > $OUT/b4-2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
   ;;
 sdxl4)  # issue 46: SDXL at batch 4, 1 GPU against CFG parallel on 2 (each rank decodes half the images), the
   # single worker's levers on both, one compile cache
