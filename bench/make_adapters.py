@@ -3,6 +3,7 @@ DoRA of rank 32 on the UNet's attention projections (what community SDXL LoRAs u
 target), saved in the diffusers LoRA format that ``load_lora_weights`` reads.
 
     python3 bench/make_adapters.py /tmp/adapters   # writes /tmp/adapters/lora, /tmp/adapters/dora
+    python3 bench/make_adapters.py /tmp/strong 3e-2   # adapters that change the image more
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     from peft.utils import get_peft_model_state_dict
 
     out = Path(sys.argv[1])
+    std = float(sys.argv[2]) if len(sys.argv) > 2 else 1e-3  # lora_B's spread: how much an adapter changes
     for name, dora in (("lora", False), ("dora", True)):
         torch.manual_seed(1 if dora else 0)
         unet = UNet2DConditionModel.from_config(SDXL_UNET).to("cuda" if torch.cuda.is_available() else "cpu")
@@ -38,7 +40,7 @@ def main() -> None:
         with torch.no_grad():
             for key, param in unet.named_parameters():
                 if "lora_B" in key:
-                    param.normal_(0.0, 1e-3)  # small but not zero: the adapter changes the image
+                    param.normal_(0.0, std)  # small but not zero: the adapter changes the image
         layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet))
         StableDiffusionXLPipeline.save_lora_weights(out / name, unet_lora_layers=layers)
         size = sum(p.numel() for p in layers.values())
