@@ -140,6 +140,22 @@ def test_the_memory_probe_and_a_failed_capture_run_the_unet_without_graphs(plain
     ]
 
 
+def test_a_call_that_varies_a_plain_value_stops_capturing_at_the_limit(graphed, caplog):
+    """A timestep given as a float would be a new signature every step: at most MAX_GRAPHS graphs."""
+    _cache, graphs = graphed
+    calls = []
+    graphs.eager = lambda sample, t: calls.append(t) or sample * t  # type: ignore[method-assign]
+    sample = torch.ones(2, 3)
+    with caplog.at_level(logging.WARNING, logger="diffq.worker"):
+        outs = [graphs(sample, float(t)) for t in range(10)]
+    assert all(torch.equal(out, sample * t) for t, out in enumerate(outs))
+    assert graphs.captures == step_graphs.MAX_GRAPHS == len(graphs.graphs)
+    assert graphs.replays == step_graphs.MAX_GRAPHS
+    assert [m for m in caplog.messages if "cuda-graphs" in m] == [
+        "cuda-graphs: the UNet was called with more than 4 shapes; calls of new shapes run without CUDA graphs"
+    ]
+
+
 def test_a_cfg_pairs_split_forward_leads_to_its_graphs(graphed):
     cache, graphs = graphed
     pipe = cache.get("tiny")[0].pipe

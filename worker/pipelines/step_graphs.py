@@ -36,6 +36,10 @@ log = logging.getLogger("diffq.worker")
 #: calls of more rows than this run without a graph: batch 4 with CFG; the host is the limit
 #: only below it (batch 8, 16 rows: −0.9 % with graphs, and the graph's memory held for nothing)
 MAX_ROWS = 8
+#: graphs one module keeps at most: a worker runs one batch size per image size (tails are padded
+#: to it); a call that varies a plain value every step (a timestep given as a float) would
+#: otherwise capture a graph, and hold its memory, per step
+MAX_GRAPHS = 4
 #: eager calls on a side stream before a capture: the first may compile or load a precompiled
 #: file, the second runs what the capture will record (cuBLAS and cuDNN have picked their kernels)
 WARMUP_CALLS = 2
@@ -53,6 +57,7 @@ class StepGraphs:
         self.replays = 0
         self.paused = False
         self.broken = False  # a capture failed: this module runs without graphs from then on
+        self.full = False  # MAX_GRAPHS reached (said once)
         module.forward = self  # type: ignore[method-assign]
 
     def reset(self) -> None:
@@ -66,6 +71,15 @@ class StepGraphs:
             return self.eager(*args, **kwargs)
         key = _key(leaves, spec)
         if key not in self.graphs:
+            if len(self.graphs) >= MAX_GRAPHS:
+                if not self.full:
+                    self.full = True
+                    log.warning(
+                        "cuda-graphs: the UNet was called with more than %d shapes; calls of new shapes run "
+                        "without CUDA graphs",
+                        MAX_GRAPHS,
+                    )
+                return self.eager(*args, **kwargs)
             try:
                 self.graphs[key] = self._capture(leaves, spec)
             except torch.OutOfMemoryError:
