@@ -83,8 +83,7 @@ class StepGraphs:
             try:
                 self.graphs[key] = self._capture(leaves, spec)
             except torch.OutOfMemoryError:
-                self.graphs.pop(key, None)
-                raise
+                raise  # the batch is too big, not the graph: the job's OOM handling halves it
             except Exception as exc:
                 self.broken = True
                 self.graphs.clear()
