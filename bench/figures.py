@@ -216,6 +216,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "graphs.cfg2.b4.vs-worker": lambda: _group(
         "h100x2-graphs4-call.jsonl", "sdxl-1gpu-b4", "sdxl-cfg2-b4-group-default"
     ),
+    "graphs.worker.chunk2": lambda: (
+        f"{_one('h100-worker-graphs-call.jsonl', kind='queue')['steady_img_per_s']:.3f} img/s"
+    ),
     "unet.rows.1-2": lambda: _rows("h100-unet-rows-call1.jsonl", "cudagraphs-fp16", 2, 1),
     "unet.rows.4-8": lambda: _rows("h100-unet-rows-call2.jsonl", "compile-fp16", 8, 4),
     "group.engine.1gpu": lambda: f"{_one('h100-group-engine-call.jsonl', kind='group-bare')['s_per_img']:.3f} s",
