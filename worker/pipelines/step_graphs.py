@@ -1,11 +1,11 @@
 """``cuda-graphs``: the UNet's calls replayed as one CUDA graph per input shape.
 
 Why: at batch 1 an H100 finishes SDXL's UNet kernels faster than one CPU thread launches them
-(about 1,700 per step). Measured on H100s (docs/benchmarks.md, docs/groups.md): one image with
-the single worker's levers took 1.217 s and 1.077 s with the UNet under CUDA graphs; a 2-GPU
-CFG pair, where each rank launches the same kernels for half the rows, 1.460 s without graphs
-and 0.712 s with them. At batch 8 the GPU is the limit and graphs gave nothing (−0.9 %), so
-calls above :data:`MAX_ROWS` rows run as before and hold no graph memory.
+(about 1,700 per step). Measured with this lever on H100s (docs/groups.md): one image with the
+single worker's levers took 1.251 s, 1.078 s with it; a 2-GPU CFG pair, where each rank launches
+the same kernels for half the rows, took 1.460 s without graphs (an earlier call) and 0.703 s
+with them. At batch 8 the GPU is the limit and graphs gave nothing (−0.9 %), so calls above
+:data:`MAX_ROWS` rows run as before and hold no graph memory.
 
 Why by hand rather than ``torch.compile(mode="reduce-overhead")``: the UNet's compiled graph
 comes from a precompiled file (:mod:`worker.pipelines.precompiled`), which the compiler's own
@@ -15,9 +15,10 @@ not); collectives stay outside it (a CFG pair gathers after the UNet call), so n
 is held by a graph.
 
 A graph replays the memory it was captured with: inputs are copied into its own buffers before
-each replay and its outputs cloned out, so the pipeline sees an ordinary module; and weights a
-switch of adapter replaces are new memory, so :func:`reset` drops every graph after a switch
-(the next call captures again: two warm calls and a capture, well under a second at batch 1).
+each replay and its outputs cloned out, so the pipeline sees an ordinary module. diffq's own
+merges write weights in place, which a replay reads; a PEFT merge may give a weight new memory,
+which it would not, so :func:`reset` drops every graph after a switch (the next call captures
+again: two warm calls and a capture, well under a second at batch 1).
 The memory probe runs without graphs (:func:`paused`): a probe's batch sizes are not the job's.
 """
 
