@@ -6,6 +6,7 @@ and one compiled call's time per scale granularity (per-tensor, per-row) at a ba
     python bench/fp8_unet.py --out r.jsonl --time fp16,tensor,row --batch 8   # compiled call times
     python bench/fp8_unet.py --out r.jsonl --time tensor-linears,tensor      # convolutions fp16 / FP8
     python bench/fp8_unet.py --out r.jsonl --time tensor,tensor@mk           # compiler settings (INDUCTOR)
+    python bench/fp8_unet.py --out r.jsonl --time tensor,tensor@empty        # the empty-negative lever
 
 Scales come from the worker's store (``DIFFQ_CACHE``), as a worker would find them after a run
 with ``--precision fp8``, or are calibrated here the worker's way (worker/pipelines/fp8.py).
@@ -29,7 +30,7 @@ import torch._inductor.config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common.settings import Settings
-from worker.pipelines import fp8, models, reductions
+from worker.pipelines import empty_negative, fp8, models, reductions
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -45,6 +46,9 @@ INDUCTOR = {
     # rows up to 2048 elements reduced in one pass (the worker's ``persistent-norms`` lever,
     # worker/pipelines/reductions.py): not a config setting, so applied by hand below
     "persist": {},
+    # the empty negative prompt's rows skip cross-attention (the worker's ``empty-negative``
+    # lever, worker/pipelines/empty_negative.py): applied by hand below too
+    "empty": {},
 }
 
 
@@ -123,24 +127,35 @@ def step_errors(pipe: Any, quantized: torch.nn.Module, prompts: int, steps: int)
     return [round(sum(e) / len(e), 5) for e in errors]
 
 
-def unet_inputs(batch: int, dtype: torch.dtype) -> tuple[tuple, dict]:
+def unet_inputs(batch: int, dtype: torch.dtype, zero_rows: int = 0) -> tuple[tuple, dict]:
+    """A CFG batch as SDXL's pipeline makes it for an empty negative prompt: the first half's
+    text states are zero; ``zero_rows`` says so to the ``empty-negative`` processors."""
     device = torch.device("cuda")
     rows = 2 * batch  # CFG
     sample = torch.randn(rows, 4, 128, 128, device=device, dtype=dtype)
     text = torch.randn(rows, 77, 2048, device=device, dtype=dtype)
+    text[:batch] = 0
     added = {
         "text_embeds": torch.randn(rows, 1280, device=device, dtype=dtype),
         "time_ids": torch.tensor([[1024, 1024, 0, 0, 1024, 1024]] * rows, device=device, dtype=dtype),
     }
     t = torch.tensor(500, device=device)
-    return (sample, t), {"encoder_hidden_states": text, "added_cond_kwargs": added, "return_dict": False}
+    kwargs = {"encoder_hidden_states": text, "added_cond_kwargs": added, "return_dict": False}
+    if zero_rows:
+        kwargs["cross_attention_kwargs"] = {empty_negative.ZERO_ROWS: zero_rows}
+    return (sample, t), kwargs
 
 
 @torch.no_grad()
 def call_time(
-    module: torch.nn.Module, batch: int, dtype: torch.dtype, repeats: int = 10, profile: bool = False
+    module: torch.nn.Module,
+    batch: int,
+    dtype: torch.dtype,
+    repeats: int = 10,
+    profile: bool = False,
+    zero_rows: int = 0,
 ) -> dict[str, Any]:
-    args, kwargs = unet_inputs(batch, dtype)
+    args, kwargs = unet_inputs(batch, dtype, zero_rows)
     compiled = torch.compile(module, fullgraph=True, dynamic=False)
     started = time.perf_counter()
     compiled(*args, **kwargs)
@@ -249,9 +264,15 @@ def main() -> None:
             module = quantized_copy(pipe, scales, variant)
         if "persist" in presets.split("+"):
             reductions.widen()
+        empty = "empty" in presets.split("+")
+        if empty:
+            # not into the pipeline's own UNet, which later variants copy
+            module = copy.deepcopy(module) if variant == "fp16" else module
+            empty_negative.install(module)
         try:
             with torch._inductor.config.patch(settings):
-                timing = call_time(module, args.batch, dtype, profile=args.profile)
+                zero_rows = args.batch if empty else 0
+                timing = call_time(module, args.batch, dtype, profile=args.profile, zero_rows=zero_rows)
         finally:
             reductions.restore()
         records.append(base | {"what": "call_time", "variant": spec, "batch": args.batch, **timing})

@@ -149,6 +149,9 @@ def test_two_rank_group_drains_the_queue(env: dict[str, str], conn: redis.Redis,
 def test_cfg_parallel_image_equals_the_single_worker_image(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
+    """With ``empty-negative`` on both sides: the pair's unconditional rank skips every
+    cross-attention, the conditional rank computes all of its rows (worker/group/engine.py)."""
+    env = {**env, "DIFFQ_SPEEDUPS": "empty-negative"}
     prompts = ["a lighthouse at dusk", "two cats", "Straße im Regen"]
     group_out = enqueue(tmp_path, prompts, TINY_FLAGS)
     result = run_group(env, "--cfg-parallel", "--burst")

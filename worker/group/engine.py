@@ -30,7 +30,7 @@ from common.presets import speedup_names
 from common.settings import Settings
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
-from worker.pipelines import step_graphs
+from worker.pipelines import empty_negative, step_graphs
 from worker.pipelines.generate import BatchResult, is_flux, is_oom, run_split
 from worker.pipelines.warm import LoadedPipeline, WarmPipelines
 from worker.serving.failures import classify
@@ -139,6 +139,10 @@ class RankEngine:
                 return value
 
             kwargs = {k: mine(v) for k, v in kwargs.items()}
+            if "cross_attention_kwargs" in kwargs:  # the empty negative's zero rows among this half's
+                kwargs["cross_attention_kwargs"] = empty_negative.for_rows(
+                    kwargs["cross_attention_kwargs"], half * rows, rows
+                )
             kwargs["return_dict"] = False
             out = forward(mine(sample), mine(timestep), mine(encoder_hidden_states), *args, **kwargs)[0]
             both = [torch.empty_like(out) for _ in range(2)]

@@ -18,6 +18,7 @@ from PIL import Image
 
 from common.errors import OutOfMemory
 from common.jobspec import GenParams
+from worker.pipelines import empty_negative
 
 log = logging.getLogger("diffq.worker")
 
@@ -72,13 +73,15 @@ def run_batch(
     _sync(device)
     encoded = time.perf_counter()
 
-    # 2. Denoise to latents, reporting each step
+    # 2. Denoise to latents, reporting each step (an empty negative's rows skip cross-attention
+    #    where the empty-negative lever is on)
     def denoise() -> torch.Tensor:
         return pipe(
             prompt_embeds=embeds,
             negative_prompt_embeds=neg_embeds,
             pooled_prompt_embeds=pooled,
             negative_pooled_prompt_embeds=neg_pooled,
+            cross_attention_kwargs=empty_negative.kwargs(pipe, negatives, cfg, len(prompts)),
             **_sampling(params, seeds, on_step),
             output_type="latent",
         ).images

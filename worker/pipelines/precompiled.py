@@ -265,7 +265,7 @@ def fingerprint(module: torch.nn.Module) -> dict[str, Any]:
     set on an instance over its class's (FP8's GEGLU computes its GELU in the tanh form), every
     parameter's and buffer's name, shape and dtype (FP8 layers differ by their buffers: one that
     writes FP8 has an output scale); the source files of the code in it that is not a versioned
-    package's (diffq's own FP8 layers: an upgrade that changes their ``forward`` must not load
+    package's (diffq's own FP8 layers and attention processors: an upgrade that changes their code must not load
     the graph the old one traced); and the software and GPU the graph is compiled for."""
     digest = hashlib.sha256()
     code: set[str] = set()
@@ -273,6 +273,8 @@ def fingerprint(module: torch.nn.Module) -> dict[str, Any]:
         processor = getattr(sub, "processor", None)
         digest.update(f"{name}:{type(sub).__qualname__}:{type(processor).__qualname__}\n".encode())
         code.add(type(sub).__module__)
+        if processor is not None:  # diffq's own processors are code in the graph too
+            code.add(type(processor).__module__)
         for attribute, value in sorted(vars(sub).items()):
             if callable(value) and not isinstance(value, torch.nn.Module) and not attribute.startswith("_"):
                 what = getattr(value, "__qualname__", type(value).__qualname__)

@@ -25,7 +25,7 @@ from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import adapter_weights, fp8, models, step_graphs
+from worker.pipelines import adapter_weights, empty_negative, fp8, models, step_graphs
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
@@ -379,10 +379,13 @@ class WarmPipelines:
             torch.cuda.reset_peak_memory_stats(self.device)
         try:
             if loaded.speedups.compiles:
-                sizes = loaded.warm.setdefault((params.width, params.height, params.guidance > 1.0), set())
+                cfg = params.guidance > 1.0
+                # under empty-negative a batch with a negative prompt runs other graphs than one without
+                empty = empty_negative.kwargs(loaded.pipe, negatives, cfg, 1) is not None
+                sizes = loaded.warm.setdefault((params.width, params.height, cfg, empty), set())
                 wanted = min(max_batch, len(prompts))
                 if not any(size >= wanted for size in sizes):
-                    self._warm_up(loaded, params, wanted, on_progress)
+                    self._warm_up(loaded, params, wanted, on_progress, negative=next((n for n in negatives if n), ""))
                     sizes.add(wanted)
                 pad_to = padding(sizes)
             result, fitted = run_split(
@@ -404,12 +407,17 @@ class WarmPipelines:
         return result, fitted
 
     def _warm_up(
-        self, loaded: LoadedPipeline, params: GenParams, batch: int, on_progress: Callable[[str | None], None] | None
+        self,
+        loaded: LoadedPipeline,
+        params: GenParams,
+        batch: int,
+        on_progress: Callable[[str | None], None] | None,
+        negative: str = "",
     ) -> None:
         size = f"{params.width}x{params.height}"
         if on_progress is not None:
             on_progress(f"compiling for {size} (once per size and worker; cached on disk)")
-        warm_up(loaded.pipe, params, batch, run=run_batch)
+        warm_up(loaded.pipe, params, batch, run=run_batch, negative=negative)
         if on_progress is not None:
             on_progress(None)
 
@@ -486,7 +494,9 @@ def _probe(pipe: Any, params: GenParams) -> Callable[[int], object]:
     def run(batch: int) -> object:
         prompts = ["memory probe"] * batch
         with step_graphs.paused(pipe):  # a graph per probed size would hold memory no job uses
-            return run_batch(pipe, short, prompts=prompts, negatives=[""] * batch, seeds=list(range(batch)))
+            # a negative prompt: the full cross-attention's memory, which the empty-negative lever only lowers
+            negatives = ["memory probe"] * batch
+            return run_batch(pipe, short, prompts=prompts, negatives=negatives, seeds=list(range(batch)))
 
     return run
 
