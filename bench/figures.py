@@ -177,6 +177,19 @@ FIGURES: dict[str, Callable[[], str]] = {
     "persistq.h100.psnr": lambda: f"{_one('h100-persistq-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
     "first-image.warm.persistq.chunk16": lambda: _first_image("h100-persistq-queue-call.jsonl", "fp8"),
     "batch32.h100.fp8": lambda: f"{_rate('h100-batch32-call.jsonl', 'fp8'):.3f}",
+    # empty-negative: the empty negative prompt's rows skip cross-attention (2026-11-27, tenth session)
+    "empty.unet.gain": lambda: _unet_gain("h100-empty-call.jsonl", "tensor@persist", "tensor@persist+empty"),
+    "empty.unet.fp16.gain": lambda: _unet_gain("h100-empty-call.jsonl", "fp16", "fp16@empty"),
+    **_pair("empty.h100.chunk16", "h100-empty-queue-call.jsonl", "fp16", "fp8"),
+    "empty.h100.chunk16.fp8.again": lambda: f"{_rate('h100-empty-queue2-call.jsonl', 'fp8'):.3f}",
+    "empty.h100.psnr": lambda: f"{_one('h100-empty-queue-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
+    "first-image.warm.empty.chunk16": lambda: _first_image("h100-empty-queue-call.jsonl", "fp8"),
+    "empty.h100.fp16.without": lambda: f"{_rate('h100-empty-fp16-call.jsonl', 'fp16'):.3f}",
+    "empty.h100.fp16.with": lambda: f"{_rate('h100-empty-fp16-call.jsonl', 'fp16en'):.3f}",
+    "empty.h100.fp16.gain": lambda: (
+        f"{_rate('h100-empty-fp16-call.jsonl', 'fp16en') / _rate('h100-empty-fp16-call.jsonl', 'fp16'):.2f}×"
+    ),
+    "empty.fp16.psnr": lambda: f"{_one('h100-empty-fp16-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
     "first-image.cold.batch32": lambda: _first_image("h100-batch32-call.jsonl", "fp8"),
     "decoder.fp8conv.speedup": lambda: (
         f"{_one('h100-decoder-convs-call.jsonl', label='fp8conv.decoder_call')['speedup_kernels']:.2f}×"
