@@ -189,6 +189,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "empty.h100.fp16.gain": lambda: (
         f"{_rate('h100-empty-fp16-call.jsonl', 'fp16en') / _rate('h100-empty-fp16-call.jsonl', 'fp16'):.2f}×"
     ),
+    **_pair("empty.h200.chunk16", "h200-empty-call.jsonl", "fp16", "fp8"),
     "empty.fp16.psnr": lambda: f"{_one('h100-empty-fp16-call.jsonl', kind='quality')['psnr_mean_db']:.1f} dB",
     "first-image.cold.batch32": lambda: _first_image("h100-batch32-call.jsonl", "fp8"),
     "decoder.fp8conv.speedup": lambda: (
