@@ -19,12 +19,9 @@ with a bias, a norm on the text, a mask) runs in full whatever the argument says
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
-
-log = logging.getLogger("diffq.worker")
 
 #: the ``cross_attention_kwargs`` entry: how many leading rows of the batch have zero text states
 ZERO_ROWS = "zero_rows"
