@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -109,6 +110,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ensure_tiny(path)
     ensure_tiny_dora(path)
     return path
+
+
+@pytest.fixture
+def plain(cache_dir: Path) -> Any:
+    """A CPU worker's warm pipelines with no lever: the images a lever's must match."""
+    from worker.pipelines.warm import WarmPipelines
+
+    return WarmPipelines(str(cache_dir), device="cpu", speedups="none")
 
 
 @pytest.fixture

@@ -56,11 +56,6 @@ def images(cache: WarmPipelines, n: int, negative: str = "") -> list[np.ndarray]
 
 
 @pytest.fixture
-def plain(cache_dir) -> WarmPipelines:
-    return WarmPipelines(str(cache_dir), device="cpu", speedups="none")
-
-
-@pytest.fixture
 def lever(cache_dir) -> WarmPipelines:
     return WarmPipelines(str(cache_dir), device="cpu", speedups="empty-negative")
 

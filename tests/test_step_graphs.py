@@ -65,11 +65,6 @@ def images(cache: WarmPipelines, n: int, adapter: str | None = None) -> list[np.
 
 
 @pytest.fixture
-def plain(cache_dir) -> WarmPipelines:
-    return WarmPipelines(str(cache_dir), device="cpu", speedups="none")
-
-
-@pytest.fixture
 def graphed(cache_dir) -> tuple[WarmPipelines, ReplayedOnCpu]:
     cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
     return cache, ReplayedOnCpu(cache.get("tiny")[0].pipe.unet)

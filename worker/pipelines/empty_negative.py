@@ -81,18 +81,15 @@ def exact(attn: Any, hidden_states: torch.Tensor) -> bool:
     )
 
 
-def install(unet: torch.nn.Module) -> int:
+def install(unet: torch.nn.Module) -> None:
     """Wrap every attention layer's processor (after any lever that sets processors, such as
-    ``fuse-qkv``, and before the compile). Returns the number of cross-attention layers."""
+    ``fuse-qkv``, and before the compile)."""
     from diffusers.models.attention_processor import Attention
 
-    cross = 0
     for module in unet.modules():
         if isinstance(module, Attention) and not isinstance(module.processor, EmptyNegativeProcessor):
             module.set_processor(EmptyNegativeProcessor(module.processor))
-            cross += int(module.is_cross_attention)
     unet._diffq_empty_negative = True  # what :func:`kwargs` asks, once per batch
-    return cross
 
 
 def kwargs(pipe: Any, negatives: list[str], cfg: bool, rows: int) -> dict[str, Any] | None:
