@@ -139,6 +139,18 @@ def _rows(name: str, config: str, whole: int, half: int) -> str:
     return f"{step[whole] / step[half]:.2f}×"
 
 
+def _tuned(rows: int, shape: str | None = None) -> str:
+    """Inductor's GEMM tuning at ``rows`` UNet rows (``h100x2-rowtune-autotune.jsonl``): how much
+    faster its pick is than cuBLAS on ``shape``, or on how many of the distinct shapes it beat cuBLAS."""
+    picks = [p for p in _lines("h100x2-rowtune-autotune.jsonl") if p["rows"] == rows]
+    if shape is not None:
+        pick = next(p for p in picks if p["shape"] == shape)
+        return f"{pick['cublas_ms'] / pick['best_ms']:.2f}×"
+    first = {(p["op"], p["shape"]): p for p in reversed(picks)}
+    won = sum(p["best"].startswith("triton") for p in first.values())
+    return f"{won} of {len(first)}"
+
+
 #: every figure a page may name, computed from bench/results
 FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
@@ -235,6 +247,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     ),
     "unet.rows.1-2": lambda: _rows("h100-unet-rows-call1.jsonl", "cudagraphs-fp16", 2, 1),
     "unet.rows.4-8": lambda: _rows("h100-unet-rows-call2.jsonl", "compile-fp16", 8, 4),
+    "rowtune.rows.1-2": lambda: _rows("h100x2-rowtune-call1.jsonl", "cudagraphs-fp16", 2, 1),
+    "rowtune.ffout.1": lambda: _tuned(1, "1024x1280, 1024x5120, 5120x1280"),
+    "rowtune.ffout.2": lambda: _tuned(2, "2048x1280, 2048x5120, 5120x1280"),
+    "rowtune.won.1": lambda: _tuned(1),
+    "rowtune.won.2": lambda: _tuned(2),
     "group.engine.1gpu": lambda: f"{_one('h100-group-engine-call.jsonl', kind='group-bare')['s_per_img']:.3f} s",
     "worker.run-batch.defaults": lambda: (
         f"{_one('h100-group-engine-call.jsonl', kind='pipeline', label='+compile-vae')['s_per_img']:.3f} s"

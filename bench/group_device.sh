@@ -13,6 +13,7 @@
 #   bash bench/group_device.sh graphsteps  # FLUX 1024²: 1 GPU and Ulysses 2, compiled, each without and with one CUDA graph per step; SDXL batch 1 too
 #   bash bench/group_device.sh graphs2  # SDXL batch 1: 1 GPU without and with cuda-graphs, the CFG pair's defaults, bare and queued
 #   bash bench/group_device.sh graphs4  # the same at batch 4 (after graphs2, same machine)
+#   bash bench/group_device.sh rowtune  # SDXL's UNet at 1 row (GPU 0) and 2 rows (GPU 1): CUDA graphs, then with GEMM autotuning
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -185,6 +186,14 @@ graphs4)  # issue 46: the same at batch 4 (run right after graphs2 on the same m
     --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-cuda-graphs > $OUT/b4-1g.log 2>&1; echo "1 GPU graphs rc=$? at ${SECONDS}s"
   timeout $((560 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 \
     --compare /tmp/sdxl4.npy --out $R --label sdxl-cfg2-b4-group-default > $OUT/b4-2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
+  ;;
+rowtune)  # issue 46: a CFG rank's UNet (1 row) does not fill an H100 (22.8 ms against 35.3 at 2 rows); do
+  # Inductor's GEMM templates, tuned per shape, fill it better than cuBLAS? Both row counts at once, one GPU each
+  for g in 0 1; do
+    CUDA_VISIBLE_DEVICES=$g timeout 530 python3 bench/unet_levers.py --out $OUT/rows$((g + 1)).jsonl --rows $((g + 1)) \
+      --budget-s 520 --min-left-s 60 --variants cudagraphs-fp16,gemmtune-fp16 > $OUT/rows$((g + 1)).log 2>&1 &
+  done
+  wait; cat $OUT/rows1.jsonl $OUT/rows2.jsonl > $R; grep -h -i -E "error|Traceback" $OUT/rows*.log | head
   ;;
 sdxl4)  # issue 46: SDXL at batch 4, 1 GPU against CFG parallel on 2 (each rank decodes half the images), the
   # single worker's levers on both, one compile cache

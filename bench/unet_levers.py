@@ -8,6 +8,9 @@ Variants, in the order given by ``--variants``:
   compile-fp16, compile-bf16     the worker's compile-unet (fullgraph, static shapes)
   cudagraphs-fp16                the same graph replayed as a CUDA graph (mode="reduce-overhead")
   autotune-fp16                  Inductor's GEMM/conv autotuning (mode="max-autotune-no-cudagraphs")
+  gemmtune-fp16                  cudagraphs-fp16 with Inductor's GEMM autotuning only (Triton templates
+                                 against cuBLAS per shape; convolutions stay cuDNN): can one row, whose
+                                 GEMMs of M = 1,024 leave SMs idle, gain what two rows do not?
 
 Each variant compiles a fresh copy of the eager weights; a variant is skipped when less than
 ``--min-left-s`` of the budget is left. Output differences are against eager fp16.
@@ -31,11 +34,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from regions import STARTED, emit, output_diff, timed_calls, unet_inputs
 
-MODES = {"compile": "default", "cudagraphs": "reduce-overhead", "autotune": "max-autotune-no-cudagraphs"}
+MODES = {
+    "compile": "default",
+    "cudagraphs": "reduce-overhead",
+    "autotune": "max-autotune-no-cudagraphs",
+    "gemmtune": "reduce-overhead",
+}
+# Inductor settings a variant compiles under (its first two calls: the compile and any autotuning).
+SETTINGS: dict[str, dict[str, Any]] = {
+    "gemmtune": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"},
+}
 
 
 class PowerSampler:
@@ -131,7 +144,8 @@ def main() -> None:
             with torch.inference_mode():
                 return unet(**inputs)[0].clone()
 
-        first_ms, _, _ = timed_calls(call, 0, device)
+        with torch._inductor.config.patch(SETTINGS.get(kind, {})):
+            first_ms, _, _ = timed_calls(call, 0, device)
         with PowerSampler(args.out.with_suffix(f".{variant}.power")) as power:
             _, times, out = timed_calls(call, args.repeats, device)
         if reference is None:
