@@ -151,6 +151,16 @@ def _tuned(rows: int, shape: str | None = None) -> str:
     return f"{won} of {len(first)}"
 
 
+def _block(rows: int) -> str:
+    """One 32x32-level transformer under CUDA graphs, without and with the tuned GEMMs (``h100x2-blocktune-call``)."""
+    step = {
+        line["config"]: line["step_ms"]
+        for line in _lines("h100x2-blocktune-call.jsonl")
+        if line.get("kind") == "unet" and line["unet_batch"] == rows
+    }
+    return f"{step['cudagraphs-fp16']:.2f} → {step['gemmtune-fp16']:.2f} ms"
+
+
 #: every figure a page may name, computed from bench/results
 FIGURES: dict[str, Callable[[], str]] = {
     **_fp8("h100"),
@@ -252,6 +262,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "rowtune.ffout.2": lambda: _tuned(2, "2048x1280, 2048x5120, 5120x1280"),
     "rowtune.won.1": lambda: _tuned(1),
     "rowtune.won.2": lambda: _tuned(2),
+    "blocktune.1": lambda: _block(1),
+    "blocktune.2": lambda: _block(2),
+    "blocktune.rows.1-2": lambda: _rows("h100x2-blocktune-call.jsonl", "cudagraphs-fp16", 2, 1),
     "group.engine.1gpu": lambda: f"{_one('h100-group-engine-call.jsonl', kind='group-bare')['s_per_img']:.3f} s",
     "worker.run-batch.defaults": lambda: (
         f"{_one('h100-group-engine-call.jsonl', kind='pipeline', label='+compile-vae')['s_per_img']:.3f} s"

@@ -14,6 +14,7 @@
 #   bash bench/group_device.sh graphs2  # SDXL batch 1: 1 GPU without and with cuda-graphs, the CFG pair's defaults, bare and queued
 #   bash bench/group_device.sh graphs4  # the same at batch 4 (after graphs2, same machine)
 #   bash bench/group_device.sh rowtune  # SDXL's UNet at 1 row (GPU 0) and 2 rows (GPU 1): CUDA graphs, then with GEMM autotuning
+#   bash bench/group_device.sh blocktune  # the same on one 32x32-level transformer of SDXL's UNet (small enough to tune in a call)
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -194,6 +195,16 @@ rowtune)  # issue 46: a CFG rank's UNet (1 row) does not fill an H100 (22.8 ms a
       --budget-s 520 --min-left-s 60 --variants cudagraphs-fp16,gemmtune-fp16 > $OUT/rows$((g + 1)).log 2>&1 &
   done
   wait; cat $OUT/rows1.jsonl $OUT/rows2.jsonl > $R; grep -h -i -E "error|Traceback" $OUT/rows*.log | head
+  ;;
+blocktune)  # issue 46: the whole UNet's GEMM tuning does not finish in a call; one 32x32-level transformer
+  # (10 blocks of the 60 that run there) at 1 and 2 rows, CUDA graphs without and with the tuned GEMMs
+  env | grep -i -E "^TORCHINDUCTOR|^OMP" > $OUT/env.txt; nproc >> $OUT/env.txt
+  for g in 0 1; do
+    CUDA_VISIBLE_DEVICES=$g TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-16} timeout ${BLOCK_S:-420} python3 bench/unet_levers.py \
+      --out $OUT/block$((g + 1)).jsonl --rows $((g + 1)) --part down2 --repeats 30 --budget-s $((${BLOCK_S:-420} - 10)) \
+      --min-left-s 30 --variants cudagraphs-fp16,gemmtune-fp16 > $OUT/block$((g + 1)).log 2>&1 &
+  done
+  wait; cat $OUT/block1.jsonl $OUT/block2.jsonl > $R; grep -h "benchmarking takes" $OUT/block*.log | head -3
   ;;
 sdxl4)  # issue 46: SDXL at batch 4, 1 GPU against CFG parallel on 2 (each rank decodes half the images), the
   # single worker's levers on both, one compile cache

@@ -19,6 +19,10 @@ Each variant compiles a fresh copy of the eager weights; a variant is skipped wh
     python3 bench/unet_levers.py --out /tmp/l.jsonl --model tiny --device cpu --size 256 \
         --variants eager-fp16,compile-fp16
     python3 bench/unet_levers.py --out $OUT/rows.jsonl --rows 1 --variants eager-fp16,cudagraphs-fp16   # a CFG rank
+    python3 bench/unet_levers.py --out $OUT/b.jsonl --rows 1 --part down2 --variants cudagraphs-fp16,gemmtune-fp16
+
+``--part down2`` times one of the UNet's transformers at its 32×32 level instead of the whole
+UNet (10 of the 60 blocks that run there): a module small enough to tune inside one call.
 """
 
 from __future__ import annotations
@@ -87,6 +91,19 @@ class PowerSampler:
         }
 
 
+def part_inputs(part: torch.nn.Module, rows: int, side: int, device: torch.device) -> dict[str, Any]:
+    """One UNet transformer's inputs: a ``side`` x ``side`` feature map and the prompt's embeddings."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    dtype = next(part.parameters()).dtype
+    channels = part.config.in_channels
+    cross = part.config.cross_attention_dim
+    return {
+        "hidden_states": torch.randn(rows, channels, side, side, generator=g).to(device, dtype),
+        "encoder_hidden_states": torch.randn(rows, 77, cross, generator=g).to(device, dtype),
+        "return_dict": False,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -96,6 +113,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=0, help="UNet rows if not 2 x batch (1: a CFG rank)")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=12)
+    ap.add_argument("--part", choices=["unet", "down2"], default="unet", help="down2: one 32x32-level transformer")
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--min-left-s", type=float, default=150)
     variants = "eager-fp16,eager-bf16,compile-fp16,cudagraphs-fp16,compile-bf16,autotune-fp16"
@@ -116,6 +134,7 @@ def main() -> None:
         "batch": args.batch,
         "unet_batch": args.rows or 2 * args.batch,
         "size": args.size,
+        "part": args.part,
     }
     emit(args.out, {"kind": "env", **env})
     if args.model == "tiny":
@@ -125,6 +144,10 @@ def main() -> None:
     else:
         pipe = models.sdxl_random(torch.device("cpu"), torch.float16)
     pristine = pipe.unet.eval().requires_grad_(False)
+    side = args.size // 8
+    if args.part == "down2":  # the deepest down block's first transformer (SDXL: down_blocks[2], 32x32 at 1024²)
+        level = max(i for i, block in enumerate(pristine.down_blocks) if hasattr(block, "attentions"))
+        pristine, side = pristine.down_blocks[level].attentions[0], side // 2**level
     del pipe
     reference: torch.Tensor | None = None
     for variant in args.variants.split(","):
@@ -138,7 +161,11 @@ def main() -> None:
         unet = copy.deepcopy(pristine).to(device, dtype)
         if kind != "eager":
             unet = torch.compile(unet, fullgraph=True, dynamic=False, mode=MODES[kind])
-        inputs = unet_inputs(unet, args.rows or 2 * args.batch, args.size, device)
+        rows = args.rows or 2 * args.batch
+        if args.part == "down2":
+            inputs = part_inputs(unet, rows, side, device)
+        else:
+            inputs = unet_inputs(unet, rows, args.size, device)
 
         def call(unet: Any = unet, inputs: dict = inputs) -> torch.Tensor:
             with torch.inference_mode():
