@@ -51,6 +51,12 @@ def main() -> None:
         action="store_true",
         help="experiment: every denoiser call replays one hand-captured CUDA graph (bench/step_graph.py)",
     )
+    ap.add_argument(
+        "--comm-overlap",
+        action="store_true",
+        help="experiment: Inductor moves each compiled graph's collectives to overlap compute "
+        "(torch._inductor.config.reorder_for_compute_comm_overlap); acts only where a block's graph holds them",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -75,6 +81,10 @@ def main() -> None:
 
         regional = ModelMixin.compile_repeated_blocks
         ModelMixin.compile_repeated_blocks = lambda self, **kw: regional(self, **{**kw, "mode": "reduce-overhead"})
+    if args.comm_overlap:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.reorder_for_compute_comm_overlap = True
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = GroupLayout(
@@ -152,6 +162,7 @@ def main() -> None:
             "peak_gib": round(float(peak.item()), 2) if cuda else None,
             "parallel_vae": args.parallel_vae,
             "graph_steps": graphs.replays if graphs is not None else None,
+            "comm_overlap": args.comm_overlap,
             "torch": torch.__version__,
         }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all
