@@ -57,6 +57,11 @@ def main() -> None:
         help="experiment: Inductor moves each compiled graph's collectives to overlap compute "
         "(torch._inductor.config.reorder_for_compute_comm_overlap); acts only where a block's graph holds them",
     )
+    ap.add_argument(
+        "--diffusers-cp",
+        action="store_true",
+        help="experiment: split FLUX with diffusers' own Ulysses (bench/context_parallel.py) instead of xDiT's",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -102,7 +107,13 @@ def main() -> None:
     started = time.perf_counter()
     engine.load(args.model)
     dist.barrier()
-    engine.split()
+    if args.diffusers_cp:
+        from context_parallel import install as split_with_diffusers
+
+        split_with_diffusers(engine.loaded.pipe, args.ulysses_degree)
+        engine.holder = rank == 0  # every rank ends with the whole image; one answers
+    else:
+        engine.split()
     load_s = time.perf_counter() - started
     graphs = None
     if args.graph_steps:
@@ -163,6 +174,7 @@ def main() -> None:
             "parallel_vae": args.parallel_vae,
             "graph_steps": graphs.replays if graphs is not None else None,
             "comm_overlap": args.comm_overlap,
+            "split": "diffusers" if args.diffusers_cp else "diffq/xdit",
             "torch": torch.__version__,
         }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all

@@ -1,0 +1,76 @@
+"""bench/context_parallel.py: diffusers' own Ulysses split of FLUX, the benchmark alternative to
+xDiT's, on 2 CPU ranks over gloo with a FLUX small enough for the CPU. What a GPU call would rest
+on: each rank runs half of the tokens, the image is the one process's, and a block compiles as
+one graph with the all-to-alls in it (xDiT's attention breaks the graph there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from test_speedups import TINY_FLUX
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RANK = r"""
+import json, sys
+import numpy as np, torch, torch.distributed as dist
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
+from context_parallel import install
+from worker.pipelines.models import build_flux
+
+dist.init_process_group("gloo")
+arch, out = json.loads(sys.argv[2]), sys.argv[3]
+tokens = []
+
+def make(pipe):
+    generator = torch.Generator().manual_seed(3)
+    return pipe("a red fox", width=64, height=64, num_inference_steps=2, guidance_scale=3.5,
+                generator=generator, output_type="np").images[0]
+
+def first_block_tokens(pipe):
+    hook = lambda module, args, kwargs: tokens.append(kwargs["hidden_states"].shape[1])
+    pipe.transformer.transformer_blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+
+alone = build_flux(**arch, t5_vocab=None, clip_vocab=None)
+first_block_tokens(alone)
+one_process = make(alone)
+pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the same weights
+install(pipe, dist.get_world_size())
+first_block_tokens(pipe)
+split = make(pipe)
+pipe.transformer.compile_repeated_blocks(fullgraph=True)  # a graph break raises here
+compiled = make(pipe)
+np.save(f"{out}/rank{dist.get_rank()}.npy", np.stack([one_process, split, compiled]))
+print(json.dumps({"rank": dist.get_rank(), "tokens": tokens}))
+dist.destroy_process_group()
+"""
+
+
+def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [*command, str(ROOT), json.dumps(TINY_FLUX), str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"rank"')]
+    assert len(reports) == 2
+    for report in reports:  # 2 steps alone, then 2 split and 2 compiled, where a rank sees half the tokens
+        whole, _, *split = report["tokens"]
+        assert len(split) == 4 and all(seen * 2 == whole for seen in split)
+    for rank in (0, 1):
+        one_process, split_image, compiled = np.load(tmp_path / f"rank{rank}.npy")
+        assert np.abs(one_process - split_image).max() <= 1e-5
+        assert np.abs(one_process - compiled).max() <= 1e-4
