@@ -62,6 +62,12 @@ def main() -> None:
         action="store_true",
         help="experiment: split FLUX with diffusers' own Ulysses (bench/context_parallel.py) instead of xDiT's",
     )
+    ap.add_argument(
+        "--cp-chunks",
+        type=int,
+        default=0,
+        help="with --diffusers-cp: our attention exchange in this many parts of the heads, overlapped with attention",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -110,7 +116,7 @@ def main() -> None:
     if args.diffusers_cp:
         from context_parallel import install as split_with_diffusers
 
-        split_with_diffusers(engine.loaded.pipe, args.ulysses_degree)
+        split_with_diffusers(engine.loaded.pipe, args.ulysses_degree, args.cp_chunks)
         engine.holder = rank == 0  # every rank ends with the whole image; one answers
     else:
         engine.split()
@@ -174,7 +180,9 @@ def main() -> None:
             "parallel_vae": args.parallel_vae,
             "graph_steps": graphs.replays if graphs is not None else None,
             "comm_overlap": args.comm_overlap,
-            "split": "diffusers" if args.diffusers_cp else "diffq/xdit",
+            "split": ("diffusers" + (f", {args.cp_chunks} chunks" if args.cp_chunks else ""))
+            if args.diffusers_cp
+            else "diffq/xdit",
             "torch": torch.__version__,
         }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all

@@ -16,7 +16,7 @@
 #   bash bench/group_device.sh rowtune  # SDXL's UNet at 1 row (GPU 0) and 2 rows (GPU 1): CUDA graphs, then with GEMM autotuning
 #   bash bench/group_device.sh blocktune  # the same on one 32x32-level transformer of SDXL's UNet (small enough to tune in a call)
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
-#   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 under torch.profiler; diffusers' own Ulysses; Inductor's comm overlap
+#   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 (xDiT) under torch.profiler; diffusers' own Ulysses, ours in parts; comm overlap
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
 R=$OUT/group.jsonl
@@ -149,9 +149,10 @@ graphsteps)  # issue 46: the 2-GPU FLUX call is host-bound; one hand-captured CU
   tail -4 $OUT/*.log; tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxprofile)  # issue 46: FLUX 1024² on 2 GPUs is 1.45x with compiled blocks; where the other 0.75 s goes (each
-  # rank's kernels by kind, the all-to-alls compute does not hide, the text encoders and VAE), whether the
-  # all-to-alls sit inside the compiled blocks' graphs (graph breaks logged); diffusers' own Ulysses split,
-  # whose blocks compile as one graph each (bench/context_parallel.py), and Inductor's comm reordering
+  # rank's kernels by kind, the all-to-alls compute does not hide, the text encoders and VAE), whether xDiT's
+  # all-to-alls sit inside the compiled blocks' graphs (graph breaks logged); then diffusers' own Ulysses split,
+  # whose blocks compile as one graph each (bench/context_parallel.py), with our exchange in 4 parts overlapped
+  # with attention, with diffusers' exchange, and with Inductor's comm reordering; one compile cache
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
   nvidia-smi topo -m > $OUT/topo.txt 2>&1
   timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --save /tmp/flux1.npy --out $R \
@@ -159,16 +160,14 @@ fluxprofile)  # issue 46: FLUX 1024² on 2 GPUs is 1.45x with compiled blocks; w
   TORCH_LOGS=graph_breaks timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 \
     --compare /tmp/flux1.npy --out $R --label flux-u2-compiled --profile $OUT/prof2 > $OUT/flux2c.log 2>&1
   echo "Ulysses 2 rc=$? at ${SECONDS}s; graph breaks logged: $(grep -c -i 'graph break' $OUT/flux2c.log)"
-  [ $SECONDS -lt 330 ] && { timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 --diffusers-cp \
-    --compare /tmp/flux1.npy --out $R --label flux-u2-diffusers-cp > $OUT/flux2d.log 2>&1; \
-    echo "Ulysses 2, diffusers' split rc=$? at ${SECONDS}s"; }
-  [ $SECONDS -lt 410 ] && { timeout 110 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 --diffusers-cp \
-    --comm-overlap --compare /tmp/flux1.npy --out $R --label flux-u2-diffusers-cp-overlap > $OUT/flux2do.log 2>&1; \
-    echo "Ulysses 2, diffusers' split, comm overlap rc=$? at ${SECONDS}s"; }
-  [ $SECONDS -lt 440 ] && { timeout $((540 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 \
-    --comm-overlap --compare /tmp/flux1.npy --out $R --label flux-u2-comm-overlap > $OUT/flux2o.log 2>&1; \
-    echo "Ulysses 2, comm overlap rc=$? at ${SECONDS}s"; }
   grep -h -i -B2 -A6 'graph break' $OUT/flux2c.log | head -60 > $OUT/graph-breaks.txt
+  for v in "diffusers-cp-chunks4:--diffusers-cp --cp-chunks 4" "diffusers-cp:--diffusers-cp" \
+           "diffusers-cp-chunks4-overlap:--diffusers-cp --cp-chunks 4 --comm-overlap" "comm-overlap:--comm-overlap"; do
+    [ $SECONDS -lt 450 ] || break
+    timeout $((540 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 ${v#*:} \
+      --compare /tmp/flux1.npy --out $R --label flux-u2-${v%%:*} > $OUT/flux2-${v%%:*}.log 2>&1
+    echo "Ulysses 2, ${v%%:*} rc=$? at ${SECONDS}s"
+  done
   find $OUT -name '*.trace.json.gz' -delete
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/prof* $OUT/*.log $OUT/topo.txt
   mv /tmp/logs.tgz $OUT/

@@ -1,7 +1,9 @@
 """bench/context_parallel.py: diffusers' own Ulysses split of FLUX, the benchmark alternative to
-xDiT's, on 2 CPU ranks over gloo with a FLUX small enough for the CPU. What a GPU call would rest
-on: each rank runs half of the tokens, the image is the one process's, and a block compiles as
-one graph with the all-to-alls in it (xDiT's attention breaks the graph there)."""
+xDiT's, on 2 CPU ranks over gloo with a FLUX small enough for the CPU, with diffusers' attention
+exchange and with ours (the heads in parts, each part's exchange overlapping another's attention).
+What a GPU call would rest on: each rank runs half of the tokens, the image is the one process's,
+and a block compiles as one graph with the all-to-alls in it (xDiT's attention breaks the graph
+there)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_speedups import TINY_FLUX
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +27,7 @@ from context_parallel import install
 from worker.pipelines.models import build_flux
 
 dist.init_process_group("gloo")
-arch, out = json.loads(sys.argv[2]), sys.argv[3]
+arch, out, chunks = json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 tokens = []
 
 def make(pipe):
@@ -40,24 +43,30 @@ alone = build_flux(**arch, t5_vocab=None, clip_vocab=None)
 first_block_tokens(alone)
 one_process = make(alone)
 pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the same weights
-install(pipe, dist.get_world_size())
+install(pipe, dist.get_world_size(), chunks)
 first_block_tokens(pipe)
 split = make(pipe)
 pipe.transformer.compile_repeated_blocks(fullgraph=True)  # a graph break raises here
 compiled = make(pipe)
 np.save(f"{out}/rank{dist.get_rank()}.npy", np.stack([one_process, split, compiled]))
-print(json.dumps({"rank": dist.get_rank(), "tokens": tokens}))
+processors = sorted({type(p).__name__ for p in pipe.transformer.attn_processors.values()})
+print(json.dumps({"rank": dist.get_rank(), "tokens": tokens, "processors": processors}))
 dist.destroy_process_group()
 """
 
 
-def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tmp_path: Path) -> None:
+#: 8 heads, so that 2 ranks take 2 of each of 2 parts (a head order mixed up shows)
+EIGHT_HEADS = {**TINY_FLUX, "transformer": {**TINY_FLUX["transformer"], "num_attention_heads": 8}}
+
+
+@pytest.mark.parametrize("chunks", [0, 2], ids=["diffusers-exchange", "ours-in-2-parts"])
+def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, chunks: int) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
-        [*command, str(ROOT), json.dumps(TINY_FLUX), str(tmp_path)],
+        [*command, str(ROOT), json.dumps(EIGHT_HEADS), str(tmp_path), str(chunks)],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -70,6 +79,7 @@ def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tm
     for report in reports:  # 2 steps alone, then 2 split and 2 compiled, where a rank sees half the tokens
         whole, _, *split = report["tokens"]
         assert len(split) == 4 and all(seen * 2 == whole for seen in split)
+        assert report["processors"] == (["ChunkedUlysses"] if chunks else ["FluxAttnProcessor"])
     for rank in (0, 1):
         one_process, split_image, compiled = np.load(tmp_path / f"rank{rank}.npy")
         assert np.abs(one_process - split_image).max() <= 1e-5
