@@ -15,7 +15,10 @@ With ``chunks`` above 1 the attention's exchange is ours (``ChunkedUlysses``): t
 ``chunks`` parts, every part's query/key/value all-to-all is issued before the first attention,
 and each part's output goes back while the next part's attention runs, so the GPU computes while
 NCCL sends (an eager 2-GPU profile on H200s had 0.34-0.99 s per image of all-to-all that compute
-did not hide). diffusers' own exchange waits for each all-to-all where it is issued.
+did not hide). diffusers' own exchange waits for each all-to-all where it is issued. Inductor
+keeps that order: on 2 CPU ranks (2026-11-27, ``TORCH_LOGS=output_code``) a compiled single-stream
+block with 2 parts issues both exchanges before the first attention, and under ``--comm-overlap``
+runs the block's MLP between the last output exchange and its wait (without it, after the wait).
 
 Every rank ends with the whole image (the gather is before the decoder), as under xDiT without
 its parallel VAE.
