@@ -60,6 +60,7 @@ dist.destroy_process_group()
 EIGHT_HEADS = {**TINY_FLUX, "transformer": {**TINY_FLUX["transformer"], "num_attention_heads": 8}}
 
 
+@pytest.mark.slow  # torchrun, two FLUX pipelines per rank and a compile: half a minute each on the CPU
 @pytest.mark.parametrize("chunks", [0, 2], ids=["diffusers-exchange", "ours-in-2-parts"])
 def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, chunks: int) -> None:
     script = tmp_path / "rank.py"
