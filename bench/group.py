@@ -120,9 +120,13 @@ def main() -> None:
     started = time.perf_counter()
     engine.load(args.model)
     dist.barrier()
+    split = "diffq/xdit"
     if args.diffusers_cp:
         from context_parallel import install as split_with_diffusers
 
+        if args.ulysses_degree != world:
+            raise SystemExit(f"--diffusers-cp splits over every rank: --ulysses-degree {world}, nothing else")
+        split = f"diffusers, our exchange in {args.cp_chunks} parts" if args.cp_chunks else "diffusers"
         split_with_diffusers(engine.loaded.pipe, args.ulysses_degree, args.cp_chunks)
         engine.holder = rank == 0  # every rank ends with the whole image; one answers
     else:
@@ -187,9 +191,7 @@ def main() -> None:
             "parallel_vae": args.parallel_vae,
             "graph_steps": graphs.replays if graphs is not None else None,
             "comm_overlap": args.comm_overlap,
-            "split": ("diffusers" + (f", {args.cp_chunks} chunks" if args.cp_chunks else ""))
-            if args.diffusers_cp
-            else "diffq/xdit",
+            "split": split,
             "torch": torch.__version__,
         }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all
