@@ -1,33 +1,20 @@
-"""diffusers' own context parallelism (Ulysses) for FLUX: a benchmark alternative to xDiT's split.
+"""Our Ulysses exchange in parts, on diffusers' split of FLUX (``bench/group.py --cp-chunks N``).
 
-Why it is worth a call: xDiT's FLUX attention breaks Dynamo's graph at its all-to-alls (see
-``worker/pipelines/speedups.py``), so under ``compile-blocks`` every block is several graphs and
-the layout copies around each exchange run as kernels of their own (on 2 H100s FLUX at 1024²
-makes 1.45× one GPU, where the issue asks 1.7×). diffusers 0.42's ``enable_parallelism`` splits
-the same sequence (image and text tokens, and their rotary positions, over the ranks; the
-output gathered after ``proj_out``) with functional collectives that Dynamo traces: a FLUX
-block compiles with ``fullgraph=True`` (``tests/test_context_parallel.py``), so Inductor can fuse
-those copies into the kernels around them, and with ``bench/group.py --comm-overlap`` move
-compute between an all-to-all and its wait. Whether that is faster on H100s is for
-``bash bench/group_device.sh fluxprofile`` to measure; the product's groups still split with xDiT.
+The product splits a Ulysses-only FLUX group with diffusers' own context parallelism
+(:mod:`worker.group.ulysses`), whose exchange waits for each all-to-all where it is issued. With
+``chunks`` parts (``ChunkedUlysses``) the heads go in parts: every part's query/key/value
+all-to-all is issued before the first attention, and each part's output goes back while the next
+part's attention runs. On 2 CPU ranks (2026-11-27, ``TORCH_LOGS=output_code``) a compiled
+single-stream block with 2 parts issues both exchanges before the first attention, and under
+``--comm-overlap`` runs the block's MLP between the last output exchange and its wait.
 
-With ``chunks`` above 1 the attention's exchange is ours (``ChunkedUlysses``): the heads go in
-``chunks`` parts, every part's query/key/value all-to-all is issued before the first attention,
-and each part's output goes back while the next part's attention runs, so the GPU computes while
-NCCL sends (an eager 2-GPU profile on H200s had 0.34-0.99 s per image of all-to-all that compute
-did not hide). diffusers' own exchange waits for each all-to-all where it is issued. Inductor
-keeps that order: on 2 CPU ranks (2026-11-27, ``TORCH_LOGS=output_code``) a compiled single-stream
-block with 2 parts issues both exchanges before the first attention, and under ``--comm-overlap``
-runs the block's MLP between the last output exchange and its wait (without it, after the wait).
-
-Every rank ends with the whole image (the gather is before the decoder), as under xDiT without
-its parallel VAE.
+Measured on 2 H100s (2026-11-27, docs/benchmarks.md): it loses. FLUX 1024² took 4.23 s in 4
+parts (2.83 s with ``--comm-overlap``) where diffusers' exchange took 2.62 s: the small
+exchanges cost more than the compute they overlap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -36,22 +23,6 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
-
-
-@contextmanager
-def _cpu_counts_as_one_device() -> Iterator[None]:
-    """diffusers 0.42.1 places a rank on ``rank % torch.accelerator.device_count()``, which
-    divides by zero on a machine without an accelerator (the CPU tests). There the device is the
-    CPU whatever the rank, so the count is taken as 1 while the split is set up."""
-    count = torch.accelerator.device_count
-    if count() > 0:
-        yield
-        return
-    torch.accelerator.device_count = lambda: 1  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.accelerator.device_count = count  # type: ignore[assignment]
 
 
 def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chunks: int) -> torch.Tensor:
@@ -127,21 +98,11 @@ class ChunkedUlysses(FluxAttnProcessor):
         return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
 
 
-def install(pipe: Any, ulysses_degree: int, chunks: int = 0) -> None:
-    """Split ``pipe``'s transformer over the default process group's ranks (all of them, in
-    Ulysses); every rank calls this together, after the model is loaded and its levers applied
-    (``compile-blocks`` traces lazily, so it compiles the split attention). ``chunks`` 0 keeps
-    diffusers' attention exchange; 1 or more puts :class:`ChunkedUlysses` on every attention
-    (diffusers still splits the tokens and gathers the output)."""
-    from diffusers import ContextParallelConfig
-
-    transformer = getattr(pipe, "transformer", None)
-    if transformer is None:
-        raise SystemExit("--diffusers-cp splits a DiT's transformer (FLUX); this pipeline has none")
-    with _cpu_counts_as_one_device():
-        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses_degree))
-    if chunks:
-        heads = transformer.config.num_attention_heads
-        if heads % (chunks * ulysses_degree):
-            raise SystemExit(f"--cp-chunks {chunks}: {heads} heads do not split in {chunks} parts of {ulysses_degree}")
-        transformer.set_attn_processor(ChunkedUlysses(chunks))
+def exchange_in_parts(pipe: Any, ulysses_degree: int, chunks: int) -> None:
+    """Put :class:`ChunkedUlysses` on every attention of ``pipe``'s transformer, already split
+    by :func:`worker.group.ulysses.split` (which still splits the tokens and gathers the output)."""
+    transformer = pipe.transformer
+    heads = transformer.config.num_attention_heads
+    if heads % (chunks * ulysses_degree):
+        raise SystemExit(f"--cp-chunks {chunks}: {heads} heads do not split in {chunks} parts of {ulysses_degree}")
+    transformer.set_attn_processor(ChunkedUlysses(chunks))

@@ -1,7 +1,8 @@
 """Bare latency of one group's parallel pipeline, under torchrun, without Redis.
 
 Every rank builds the same :class:`worker.group.engine.RankEngine` the group worker uses (so
-the split is the real one: our CFG parallel for SDXL, xDiT's Ulysses/ring for FLUX) and calls
+the split is the real one: our CFG parallel for SDXL; for FLUX diffusers' Ulysses alone, xDiT's
+otherwise) and calls
 its ``run`` in lockstep; rank 0 times each call between barriers. One JSON line per batch size
 goes to ``--out``; rank 0 also saves the first batch's images as ``--save`` (for equality checks) and
 compares them with ``--compare`` when given.
@@ -59,15 +60,16 @@ def main() -> None:
         "where a block's graph holds them",
     )
     ap.add_argument(
-        "--diffusers-cp",
+        "--xdit",
         action="store_true",
-        help="experiment: split FLUX with diffusers' own Ulysses (bench/context_parallel.py) instead of xDiT's",
+        help="split FLUX's Ulysses-only layout with xDiT, as the product did before 2026-11-27 (the comparison)",
     )
     ap.add_argument(
         "--cp-chunks",
         type=int,
         default=0,
-        help="with --diffusers-cp: our attention exchange in this many parts of the heads, overlapped with attention",
+        help="experiment, on diffusers' Ulysses split: our attention exchange in this many parts of the heads, "
+        "overlapped with attention (bench/context_parallel.py)",
     )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
@@ -120,17 +122,22 @@ def main() -> None:
     started = time.perf_counter()
     engine.load(args.model)
     dist.barrier()
-    split = "diffq/xdit"
-    if args.diffusers_cp:
-        from context_parallel import install as split_with_diffusers
+    from worker.group import ulysses
 
-        if args.ulysses_degree != world:
-            raise SystemExit(f"--diffusers-cp splits over every rank: --ulysses-degree {world}, nothing else")
-        split = f"diffusers, our exchange in {args.cp_chunks} parts" if args.cp_chunks else "diffusers"
-        split_with_diffusers(engine.loaded.pipe, args.ulysses_degree, args.cp_chunks)
-        engine.holder = rank == 0  # every rank ends with the whole image; one answers
-    else:
-        engine.split()
+    if args.xdit:
+        ulysses.takes = lambda _layout: False  # the engine's other FLUX branch: xDiT
+    diffusers_split = "transformer" in engine.loaded.pipe.components and ulysses.takes(layout)
+    if args.cp_chunks and not diffusers_split:
+        raise SystemExit("--cp-chunks changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
+    engine.split()
+    split = "xdit" if layout.model_parallel and not diffusers_split else "diffq"
+    if diffusers_split:
+        split = "diffusers"
+        if args.cp_chunks:
+            from context_parallel import exchange_in_parts
+
+            exchange_in_parts(engine.loaded.pipe, args.ulysses_degree, args.cp_chunks)
+            split = f"diffusers, our exchange in {args.cp_chunks} parts"
     load_s = time.perf_counter() - started
     graphs = None
     if args.graph_steps:

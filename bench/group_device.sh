@@ -17,6 +17,8 @@
 #   bash bench/group_device.sh blocktune  # the same on one 32x32-level transformer of SDXL's UNet (small enough to tune in a call)
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 #   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 (xDiT) under torch.profiler; diffusers' own Ulysses, ours in parts; comm overlap
+#   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
+#   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
 R=$OUT/group.jsonl
@@ -157,12 +159,12 @@ fluxprofile)  # issue 46: FLUX 1024² on 2 GPUs is 1.45x with compiled blocks; w
   nvidia-smi topo -m > $OUT/topo.txt 2>&1
   timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 2 --save /tmp/flux1.npy --out $R \
     --label flux-1gpu-compiled --profile $OUT/prof1 > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
-  TORCH_LOGS=graph_breaks timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 \
+  TORCH_LOGS=graph_breaks timeout 150 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 --xdit \
     --compare /tmp/flux1.npy --out $R --label flux-u2-compiled --profile $OUT/prof2 > $OUT/flux2c.log 2>&1
   echo "Ulysses 2 rc=$? at ${SECONDS}s; graph breaks logged: $(grep -c -i 'graph break' $OUT/flux2c.log)"
   grep -h -i -B2 -A6 'graph break' $OUT/flux2c.log | head -60 > $OUT/graph-breaks.txt
-  for v in "diffusers-cp-chunks4:--diffusers-cp --cp-chunks 4" "diffusers-cp:--diffusers-cp" \
-           "diffusers-cp-chunks4-overlap:--diffusers-cp --cp-chunks 4 --comm-overlap" "comm-overlap:--comm-overlap"; do
+  for v in "diffusers-cp-chunks4:--cp-chunks 4" "diffusers-cp:" \
+           "diffusers-cp-chunks4-overlap:--cp-chunks 4 --comm-overlap" "comm-overlap:--xdit --comm-overlap"; do
     [ $SECONDS -lt 450 ] || break
     timeout $((540 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 2 ${v#*:} \
       --compare /tmp/flux1.npy --out $R --label flux-u2-${v%%:*} > $OUT/flux2-${v%%:*}.log 2>&1
@@ -171,6 +173,47 @@ fluxprofile)  # issue 46: FLUX 1024² on 2 GPUs is 1.45x with compiled blocks; w
   find $OUT -name '*.trace.json.gz' -delete
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/prof* $OUT/*.log $OUT/topo.txt
   mv /tmp/logs.tgz $OUT/
+  ;;
+fluxcp)  # issue 46: diffusers' own Ulysses split (2.624 s) beat xDiT's (2.835 s) in the fluxprofile call; again
+  # with 3 runs each, under the profiler, and with the levers left: NCCL's P2P channels (the profile's
+  # all-to-alls ran at about 81 GB/s; bench/a2a.py times one exchange per setting), Inductor's comm reordering,
+  # one CUDA graph per transformer call (last: a process that captured collectives does not exit by itself)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
+  for e in "default:" "p2p32:NCCL_MIN_P2P_NCHANNELS=32" "p2p32-simple:NCCL_MIN_P2P_NCHANNELS=32 NCCL_PROTO=Simple"; do
+    env ${e#*:} timeout 60 $TR --nproc-per-node 2 bench/a2a.py --label ${e%%:*} --out $R >> $OUT/a2a.log 2>&1
+    echo "a2a ${e%%:*} rc=$? at ${SECONDS}s"
+  done
+  timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for v in "xdit::--xdit" "diffusers-cp::--profile $OUT/profcp" "diffusers-cp-p2p32:NCCL_MIN_P2P_NCHANNELS=32:" \
+           "diffusers-cp-overlap::--comm-overlap" "diffusers-cp-graphsteps::--graph-steps"; do
+    [ $SECONDS -lt 470 ] || break
+    l=${v%%:*}; rest=${v#*:}; e=${rest%%:*}
+    env $e timeout $((550 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 ${rest#*:} \
+      --compare /tmp/flux1.npy --out $R --label flux-u2-$l > $OUT/flux2-$l.log 2>&1
+    echo "Ulysses 2, $l rc=$? at ${SECONDS}s"
+  done
+  find $OUT -name '*.trace.json.gz' -delete
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/prof* $OUT/*.log
+  mv /tmp/logs.tgz $OUT/
+  ;;
+fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses
+  # (worker/group/ulysses.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the
+  # product through the queue (its overhead per job), then one CUDA graph per transformer call (bench only)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
+  timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 --compare /tmp/flux1.npy --out $R \
+    --label flux-u2-product > $OUT/flux2.log 2>&1; echo "Ulysses 2 (product: diffusers) rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 --xdit --compare /tmp/flux1.npy \
+    --out $R --label flux-u2-xdit > $OUT/flux2x.log 2>&1; echo "Ulysses 2 (xDiT) rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 330 ] && { timeout $((450 - SECONDS)) python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 430 ] && { timeout $((520 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 \
+    --graph-steps --compare /tmp/flux1.npy --out $R --label flux-u2-product-graphsteps > $OUT/flux2g.log 2>&1; \
+    echo "Ulysses 2 (product), step graphs rc=$? at ${SECONDS}s"; }
+  for f in $OUT/*.log; do tail -n 3 "$f"; done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 flux4c)  # issue 46, 4 GPUs when lent: FLUX on 1 GPU compiled (the baseline), Ulysses 4 and 2 compiled, the same
   # levers (the group's auto), one compile cache; then Ulysses 4 through the queue (its overhead per job)

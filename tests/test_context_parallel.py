@@ -1,9 +1,8 @@
-"""bench/context_parallel.py: diffusers' own Ulysses split of FLUX, the benchmark alternative to
-xDiT's, on 2 CPU ranks over gloo with a FLUX small enough for the CPU, with diffusers' attention
-exchange and with ours (the heads in parts, each part's exchange overlapping another's attention).
-What a GPU call would rest on: each rank runs half of the tokens, the image is the one process's,
-and a block compiles as one graph with the all-to-alls in it (xDiT's attention breaks the graph
-there)."""
+"""FLUX split with diffusers' own Ulysses (worker/group/ulysses.py, what a Ulysses-only FLUX group
+runs) on 2 CPU ranks over gloo with a FLUX small enough for the CPU, with diffusers' attention
+exchange and with ours in parts (bench/context_parallel.py). What the GPU groups rest on: each
+rank runs half of the tokens, the image is the one process's, and a block compiles as one graph
+with the all-to-alls in it (xDiT's attention breaks the graph there)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,8 @@ RANK = r"""
 import json, sys
 import numpy as np, torch, torch.distributed as dist
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
-from context_parallel import install
+from context_parallel import exchange_in_parts
+from worker.group.ulysses import split as ulysses_split
 from worker.pipelines.models import build_flux
 
 dist.init_process_group("gloo")
@@ -43,7 +43,9 @@ alone = build_flux(**arch, t5_vocab=None, clip_vocab=None)
 first_block_tokens(alone)
 one_process = make(alone)
 pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the same weights
-install(pipe, dist.get_world_size(), chunks)
+ulysses_split(pipe, dist.get_world_size())
+if chunks:
+    exchange_in_parts(pipe, dist.get_world_size(), chunks)
 first_block_tokens(pipe)
 split = make(pipe)
 pipe.transformer.compile_repeated_blocks(fullgraph=True)  # a graph break raises here

@@ -173,6 +173,36 @@ def test_cfg_parallel_image_equals_the_single_worker_image(
 
 
 @pytest.mark.slow
+def test_flux_ulysses_group_splits_tokens_and_makes_the_single_worker_image(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/ulysses.py;
+    no xDiT): through the queue, its images are the single worker's."""
+    from test_context_parallel import EIGHT_HEADS
+
+    from worker.pipelines.models import build_flux
+
+    model = tmp_path / "tiny-flux"
+    build_flux(**EIGHT_HEADS, t5_vocab=None, clip_vocab=None).save_pretrained(model)
+    flags = ("--model", str(model), "--width", "64", "--height", "64", "--steps", "2", "--guidance", "3.5")
+    group_out = enqueue(tmp_path, ["a red fox", "Straße im Regen"], flags)
+    result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):  # each rank says how the image is split (tests/test_context_parallel.py: half the tokens)
+        assert f"rank {rank}: FLUX model {model} split: Ulysses 2 (diffusers)" in result.stderr, result.stderr[-3000:]
+    single_out = tmp_path / "single"
+    single = producer("enqueue", tmp_path / "prompts.csv", *flags, "--output", single_out, "--queue", "single")
+    assert single.exit_code == 0, single.output
+    assert run_worker(env, "--queue", "single").returncode == 0
+    group_images = images_under(group_out)
+    assert len(group_images) == 2
+    for path in group_images:
+        a = np.asarray(Image.open(path), dtype=int)
+        b = np.asarray(Image.open(single_out / path.relative_to(group_out)), dtype=int)
+        assert np.abs(a - b).max() <= 1, path
+
+
+@pytest.mark.slow
 def test_error_on_rank_1_fails_that_job_and_the_group_goes_on(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:

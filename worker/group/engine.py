@@ -7,8 +7,11 @@ How an image is split, by model family:
   half; each rank then decodes half of the batch's images and they exchange the pixels.
   xDiT 0.7.0's SDXL wrapper calls the unchanged diffusers pipeline (its UNet is not converted),
   which is why it measured slower on two GPUs than on one.
-- FLUX (a DiT): Ulysses / ring sequence parallel and PipeFusion are xDiT's: the pipeline is
-  wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the result to holds the images.
+- FLUX (a DiT): Ulysses alone over every rank is diffusers' own context parallelism
+  (:mod:`worker.group.ulysses`: its blocks compile as one graph with the all-to-alls inside;
+  faster on 2 H100s). Ring, PipeFusion, the parallel VAE and Ulysses beside data parallelism are
+  xDiT's: the pipeline is wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the
+  result to holds the images.
 - Data parallel is ours for both: data-parallel rank ``d`` makes the ``d``-th contiguous slice
   of the batch (the same split as xDiT's), and prompts go in as embeddings so xDiT does not
   split them a second time.
@@ -28,6 +31,7 @@ from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.presets import speedup_names
 from common.settings import Settings
+from worker.group import ulysses
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
 from worker.pipelines import empty_negative, step_graphs
@@ -102,15 +106,23 @@ class RankEngine:
                 f"--pipefusion-degree above 1); {model} in this layout decodes on one rank"
                 + ("" if flux else " (an SDXL CFG pair already decodes half of the batch's images on each rank)")
             )
-        if flux and self.layout.model_parallel:
+        how = "data parallel" if self.layout.data_parallel_degree > 1 else "none (one rank makes each image)"
+        if flux and ulysses.takes(self.layout):
+            ulysses.split(loaded.pipe, self.layout.ulysses_degree)
+            self.holder = self.rank == 0  # every rank ends with the whole image; one answers
+            how = f"Ulysses {self.layout.ulysses_degree} (diffusers)"
+        elif flux and self.layout.model_parallel:
             loaded.pipe = self._wrap_xdit(loaded.pipe, model)
+            how = f"xDiT, {self.layout.arithmetic()}"
         elif self.layout.cfg_parallel:
             self._split_cfg(loaded.pipe)
+            how = f"CFG parallel, {self.layout.arithmetic()}"
         log.info(
-            "rank %d: %s model %s ready (dp rank %d, holds images: %s)",
+            "rank %d: %s model %s split: %s; ready (dp rank %d, holds images: %s)",
             self.rank,
             family,
             model,
+            how,
             self.dp_rank,
             self.holder,
         )
@@ -176,7 +188,8 @@ class RankEngine:
             from xfuser.core.distributed import init_distributed_environment
         except ImportError as exc:
             raise ConfigError(
-                f"--ulysses-degree / --ring-degree / --pipefusion-degree need xDiT: pip install xfuser==0.7.0 ({exc})"
+                "--ring-degree, --pipefusion-degree, --parallel-vae and --ulysses-degree beside "
+                f"--data-parallel-degree need xDiT: pip install xfuser==0.7.0 ({exc})"
             ) from None
         init_distributed_environment()  # xDiT's world group over the process group we made
         args = xFuserArgs(
