@@ -133,6 +133,50 @@ def _group(name: str, one: str, many: str) -> str:
     return f"{_one(name, label=one)['s_per_img'] / _one(name, label=many)['s_per_img']:.2f}×"
 
 
+#: FLUX 1024² on 2 H100s, 2026-11-27: each call's runs of Ulysses 2 (labels without ``flux-u2-``)
+SPLIT_CALLS = {
+    "fluxprofile": ("compiled", "diffusers-cp", "diffusers-cp-chunks4", "diffusers-cp-chunks4-overlap", "comm-overlap"),
+    "fluxcp": ("xdit", "diffusers-cp", "diffusers-cp-p2p32", "diffusers-cp-overlap", "diffusers-cp-graphsteps"),
+    "fluxsplit": ("xdit", "product", "product-graphsteps"),
+}
+
+
+def _split_calls() -> dict[str, Callable[[], str]]:
+    """``split.<call>.1gpu`` (one compiled GPU's seconds) and ``split.<call>.<run>`` (seconds and
+    the speedup over that GPU) for the calls of :data:`SPLIT_CALLS`."""
+
+    def seconds(call: str, label: str) -> float:
+        return _one(f"h100x2-{call}-call.jsonl", label=label, kind="group-bare")["s_per_img"]
+
+    def run(call: str, label: str) -> Callable[[], str]:
+        one = "flux-1gpu-compiled"
+        return lambda: f"{seconds(call, label):.3f} s ({seconds(call, one) / seconds(call, label):.2f}×)"
+
+    out: dict[str, Callable[[], str]] = {}
+    for call, runs in SPLIT_CALLS.items():
+        out[f"split.{call}.1gpu"] = lambda call=call: f"{seconds(call, 'flux-1gpu-compiled'):.3f} s"
+        out |= {f"split.{call}.{r}": run(call, f"flux-u2-{r}") for r in runs}
+    return out
+
+
+def _least_a2a(call: str, label: str) -> str:
+    """All-to-all kernel seconds per image on the rank that waited least in them (it arrived last,
+    so its kernels are the transfer itself), from a ``--profile`` run's line."""
+    ranks = _one(f"h100x2-{call}-call.jsonl", label=label, kind="group-profile")["ranks"]
+    return f"{min(r['collective_s_by_op']['all_to_all'] for r in ranks):.2f} s"
+
+
+def _kernels(call: str, label: str, kind: str) -> str:
+    """One kind of kernel's seconds per image, the ranks' mean, from a ``--profile`` run's line."""
+    ranks = _one(f"h100x2-{call}-call.jsonl", label=label, kind="group-profile")["ranks"]
+    return f"{sum(r['kernel_s_by_kind'][kind] for r in ranks) / len(ranks):.2f} s"
+
+
+def _a2a(field: str) -> str:
+    """One FLUX Ulysses 2 all-to-all timed alone, NCCL's defaults (``h100x2-fluxcp-call.jsonl``)."""
+    return f"{_one('h100x2-fluxcp-call.jsonl', kind='a2a', label='default', rank=0)[field]:g}"
+
+
 def _rows(name: str, config: str, whole: int, half: int) -> str:
     """What halving the UNet's rows saves on one GPU: the most a CFG pair can gain on the UNet."""
     step = {line["unet_batch"]: line["step_ms"] for line in _lines(name) if line.get("config") == config}
@@ -277,6 +321,18 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fleet.latency.wait": lambda: f"{_one('h100x4-fleet-call2.jsonl')['latency_wait_s_median'] * 1000:.0f} ms",
     "fleet.latency.run": lambda: f"{_one('h100x4-fleet-call2.jsonl')['latency_run_s_median']:.2f} s",
     "fleet.bulk": lambda: f"{_one('h100x4-fleet-call2.jsonl')['img_per_s_after_warm']:.2f} img/s",
+    "split.fluxsplit.queue": lambda: (
+        f"{_one('h100x2-fluxsplit-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
+    ),
+    "prof.xdit.a2a": lambda: _least_a2a("fluxprofile", "flux-u2-compiled"),
+    "prof.diffusers.a2a": lambda: _least_a2a("fluxcp", "flux-u2-diffusers-cp"),
+    "prof.xdit.elementwise": lambda: _kernels("fluxprofile", "flux-u2-compiled", "elementwise"),
+    "prof.diffusers.elementwise": lambda: _kernels("fluxcp", "flux-u2-diffusers-cp", "elementwise"),
+    "prof.xdit.gemm": lambda: _kernels("fluxprofile", "flux-u2-compiled", "gemm"),
+    "prof.diffusers.gemm": lambda: _kernels("fluxcp", "flux-u2-diffusers-cp", "gemm"),
+    "a2a.us": lambda: _a2a("us_per_exchange"),
+    "a2a.gbps": lambda: _a2a("gb_per_s"),
+    **_split_calls(),
     "group.flux.u4.queue": lambda: (
         f"{_one('h200x4-flux4c-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
     ),
