@@ -2,16 +2,17 @@
 
 The product's lever, ``cuda-graphs`` (:mod:`worker.pipelines.step_graphs`), graphs SDXL's UNet,
 whose calls hold no collective (a CFG pair gathers after the call). This benchmark switch puts the
-same class on a FLUX transformer under xDiT too, where the graph captures the compiled blocks and
-xDiT's NCCL all-to-alls (NCCL allows that under capture), with no limit on rows. Why by hand: the
-FLUX blocks are compiled between xDiT's all-to-alls (Dynamo breaks the graph there), and the
-compiler's own CUDA graphs (``mode="reduce-overhead"``) failed on 2 H100s with "accessing tensor
-output of CUDAGraphs that has been overwritten by a subsequent run": the 38 single-stream blocks
-share one compiled graph, so each replay overwrites the output the next block reads.
+same class on a FLUX transformer split over ranks too, where the graph captures the compiled
+blocks and their NCCL all-to-alls, xDiT's or diffusers' (NCCL allows that under capture), with no
+limit on rows. Why by hand: the compiler's own CUDA graphs (``mode="reduce-overhead"``) failed on
+2 H100s with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent
+run": the 38 single-stream blocks share one compiled graph, so each replay overwrites the output
+the next block reads.
 
-Measured (2 H100s, docs/groups.md): FLUX Ulysses 2 went from 2.773 to 2.716 s, one GPU did not
-move; a process that captured collectives did not exit after its last line (stopped by
-``timeout``), which is why the product's lever stays off the transformer.
+Measured (2 H100s, docs/groups.md): FLUX Ulysses 2 under xDiT went from 2.773 to 2.716 s, one GPU
+did not move; under diffusers' split 2.517 and 2.590 s in two calls (2.692 and 3.042 s without).
+A process that captured collectives did not exit after its last line (stopped by ``timeout``),
+which is why the product's lever stays off the transformer.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 runs) on 2 CPU ranks over gloo with a FLUX small enough for the CPU, with diffusers' attention
 exchange and with ours in parts (bench/context_parallel.py). What the GPU groups rest on: each
 rank runs half of the tokens, the image is the one process's, and a block compiles as one graph
-with the all-to-alls in it (xDiT's attention breaks the graph there)."""
+with the all-to-alls in it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """FLUX split over a group's ranks with diffusers' own Ulysses (context parallelism).
 
-Why not xDiT here: xDiT's FLUX attention breaks Dynamo's graph at each all-to-all, so under
-``compile-blocks`` a block is several graphs with the layout copies around each exchange left as
-kernels of their own. diffusers 0.42's ``enable_parallelism`` splits the same sequence (image and
-text tokens with their rotary positions; the output gathered after ``proj_out``) with functional
-collectives that Dynamo traces, so a block compiles as one graph. On 2 H100s (one call,
-2026-11-27, docs/groups.md) FLUX at 1024² took 2.69 s against xDiT's 2.82 s and one GPU's 3.91 s.
+diffusers 0.42's ``enable_parallelism`` splits the sequence (image and text tokens with their
+rotary positions; the output gathered after ``proj_out``) with functional collectives that
+Dynamo traces: a block compiles as one graph with its all-to-alls inside. Why not xDiT's split
+here (2 H100s, 2026-11-27, docs/groups.md): per image, the all-to-alls took 0.30 s of kernel
+time against xDiT's 0.56 s on the rank that waited least, and the elementwise kernels 0.17 s
+against 0.31 s; FLUX at 1024² took 2.62 and 2.69 s against xDiT's 2.84 and 2.82 s in two calls,
+3.04 against 2.86 s in a third whose runs were all slower and spread by up to 0.4 s. With one
+CUDA graph per transformer call (a benchmark switch) it took 2.52-2.59 s, the fastest measured.
 
 xDiT still splits what this does not take: ring attention, PipeFusion, its parallel VAE, and
 Ulysses beside data parallelism (those were measured under xDiT only).
