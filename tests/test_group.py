@@ -172,26 +172,46 @@ def test_cfg_parallel_image_equals_the_single_worker_image(
     assert worst <= 2, f"max pixel difference {worst}/255"
 
 
-@pytest.mark.slow
-def test_flux_ulysses_group_splits_tokens_and_makes_the_single_worker_image(
-    env: dict[str, str], conn: redis.Redis, tmp_path: Path
-) -> None:
-    """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/ulysses.py;
-    no xDiT): through the queue, its images are the single worker's."""
+def tiny_flux(folder: Path, heads: int = 8) -> Path:
+    """A FLUX small enough for the CPU, saved as a diffusers folder; its VAE has 3 levels, so a
+    token is 8x8 pixels and 72x72 makes 81 tokens (which do not split over 2 ranks)."""
     from test_context_parallel import EIGHT_HEADS
 
     from worker.pipelines.models import build_flux
 
-    model = tmp_path / "tiny-flux"
-    build_flux(**EIGHT_HEADS, t5_vocab=None, clip_vocab=None).save_pretrained(model)
+    vae = {**EIGHT_HEADS["vae"], "block_out_channels": (4, 4, 4)}
+    vae |= {"down_block_types": ("DownEncoderBlock2D",) * 3, "up_block_types": ("UpDecoderBlock2D",) * 3}
+    transformer = {**EIGHT_HEADS["transformer"], "num_attention_heads": heads}
+    arch = {**EIGHT_HEADS, "vae": vae, "transformer": transformer}
+    build_flux(**arch, t5_vocab=None, clip_vocab=None).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_that_does_not_split(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/ulysses.py;
+    no xDiT): through the queue, its images are the single worker's; a job whose image tokens do
+    not split over the ranks fails at once, for good, with the sizes that do."""
+    model = tiny_flux(tmp_path / "tiny-flux")
     flags = ("--model", str(model), "--width", "64", "--height", "64", "--steps", "2", "--guidance", "3.5")
-    group_out = enqueue(tmp_path, ["a red fox", "Straße im Regen"], flags)
+    prompts = tmp_path / "prompts.csv"
+    prompts.write_text("prompt,width,height\na red fox,,\nStraße im Regen,,\nan odd size,72,72\n")
+    group_out = tmp_path / "out"
+    assert producer("enqueue", prompts, *flags, "--output", group_out).exit_code == 0
     result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst")
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):  # each rank says how the image is split (tests/test_context_parallel.py: half the tokens)
         assert f"rank {rank}: FLUX model {model} split: Ulysses 2 (diffusers)" in result.stderr, result.stderr[-3000:]
+    failed = FailedJobRegistry("diffq", connection=conn).get_job_ids()
+    assert len(failed) == 1
+    job = Job.fetch(failed[0], connection=conn, serializer=JSONSerializer)
+    assert job.meta["permanent"], job.meta  # not retried: no group of 2 ranks can make it
+    told = "72x72 makes 81 image tokens (9x9), which do not split over this group's 2 Ulysses ranks"
+    assert told in job.meta["error"], job.meta
     single_out = tmp_path / "single"
-    single = producer("enqueue", tmp_path / "prompts.csv", *flags, "--output", single_out, "--queue", "single")
+    single = producer("enqueue", prompts, *flags, "--output", single_out, "--queue", "single")
     assert single.exit_code == 0, single.output
     assert run_worker(env, "--queue", "single").returncode == 0
     group_images = images_under(group_out)
@@ -200,6 +220,17 @@ def test_flux_ulysses_group_splits_tokens_and_makes_the_single_worker_image(
         a = np.asarray(Image.open(path), dtype=int)
         b = np.asarray(Image.open(single_out / path.relative_to(group_out)), dtype=int)
         assert np.abs(a - b).max() <= 1, path
+
+
+@pytest.mark.slow
+def test_flux_ulysses_degree_that_does_not_divide_the_heads_is_one_line_from_rank_0(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+) -> None:
+    model = tiny_flux(tmp_path / "three-heads", heads=3)
+    result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst", timeout=120)
+    assert result.returncode != 0 and "exitcode  : 2" in result.stderr, result.stderr[-3000:]
+    line = f"error: --ulysses-degree 2: {model} has 3 attention heads, which do not split over 2 ranks"
+    assert result.stderr.count(line) == 1, result.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ How an image is split, by model family:
   which is why it measured slower on two GPUs than on one.
 - FLUX (a DiT): Ulysses alone over every rank is diffusers' own context parallelism
   (:mod:`worker.group.ulysses`: its blocks compile as one graph with the all-to-alls inside;
-  faster on 2 H100s). Ring, PipeFusion, the parallel VAE and Ulysses beside data parallelism are
+  faster on 2 H100s in two calls of three). Ring, PipeFusion, the parallel VAE and Ulysses beside data parallelism are
   xDiT's: the pipeline is wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the
   result to holds the images.
 - Data parallel is ours for both: data-parallel rank ``d`` makes the ``d``-th contiguous slice
@@ -59,6 +59,7 @@ class RankEngine:
         self.per_dp = world // layout.data_parallel_degree
         self.dp_rank = rank // self.per_dp
         self.holder = True  # whether this rank ends a batch with its dp group's images
+        self.ulysses_split = False  # FLUX split by diffusers' Ulysses (worker/group/ulysses.py)
         # a group's own defaults, measured under its splits (docs/benchmarks.md): compile-blocks
         # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
         # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
@@ -108,7 +109,8 @@ class RankEngine:
             )
         how = "data parallel" if self.layout.data_parallel_degree > 1 else "none (one rank makes each image)"
         if flux and ulysses.takes(self.layout):
-            ulysses.split(loaded.pipe, self.layout.ulysses_degree)
+            ulysses.split(loaded.pipe, self.layout.ulysses_degree, model)
+            self.ulysses_split = True
             self.holder = self.rank == 0  # every rank ends with the whole image; one answers
             how = f"Ulysses {self.layout.ulysses_degree} (diffusers)"
         elif flux and self.layout.model_parallel:
@@ -238,6 +240,8 @@ class RankEngine:
         span = dp_slice(len(prompts), self.layout.data_parallel_degree, self.dp_rank)
         if not span:
             return None
+        if self.ulysses_split:
+            ulysses.check_size(self.loaded.pipe, self.layout.ulysses_degree, params.width, params.height)
         self.pipelines.use_adapter(self.loaded, params.adapter, params.adapter_scale)
         result, _fitted = run_split(
             self.loaded.pipe,

@@ -14,6 +14,11 @@ Ulysses beside data parallelism (those were measured under xDiT only).
 
 Every rank ends with the whole latent and decodes it (as under xDiT without its parallel VAE);
 rank 0 answers with the images.
+
+diffusers' split is exact: the heads, the text tokens and each job's image tokens must divide by
+the degree (else it fails inside the first step). The first two are checked when the group
+starts, the image tokens when a job comes (a size that does not split is that job's permanent
+failure, with the sizes that do).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any
 
 import torch
 
+from common.errors import ConfigError, PermanentJobError
 from worker.group.config import GroupLayout
+from worker.pipelines.generate import FLUX_TEXT_TOKENS
 
 
 def takes(layout: GroupLayout) -> bool:
@@ -55,11 +62,31 @@ def _cpu_counts_as_one_device() -> Iterator[None]:
         torch.accelerator.device_count = count  # type: ignore[assignment]
 
 
-def split(pipe: Any, ulysses_degree: int) -> None:
+def split(pipe: Any, ulysses_degree: int, model: str) -> None:
     """Split ``pipe``'s transformer over the default process group's ranks; every rank calls
     this together, after the model is loaded with its levers (``compile-blocks`` traces on the
     first call, so it compiles the split attention)."""
     from diffusers import ContextParallelConfig
 
+    heads = pipe.transformer.config.num_attention_heads
+    for count, what in ((heads, "attention heads"), (FLUX_TEXT_TOKENS, "text tokens per prompt")):
+        if count % ulysses_degree:
+            raise ConfigError(
+                f"--ulysses-degree {ulysses_degree}: {model} has {count} {what}, which do not split over "
+                f"{ulysses_degree} ranks; use a degree that divides both {heads} and {FLUX_TEXT_TOKENS}"
+            )
     with _cpu_counts_as_one_device():
         pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses_degree))
+
+
+def check_size(pipe: Any, ulysses_degree: int, width: int, height: int) -> None:
+    """Refuse a job whose image tokens do not split over the ranks (FLUX packs 2×2 latent pixels
+    into one token), before any rank computes."""
+    side = pipe.vae_scale_factor * 2
+    tokens = (width // side) * (height // side)
+    if tokens % ulysses_degree:
+        raise PermanentJobError(
+            f"{width}x{height} makes {tokens} image tokens ({width // side}x{height // side}), which do not "
+            f"split over this group's {ulysses_degree} Ulysses ranks; use a width and height whose "
+            f"tokens divide by {ulysses_degree} (1024x1024 makes 4096), or a queue of single-GPU workers"
+        )

@@ -125,6 +125,10 @@ def _step_callback(on_step: Callable[[int, int], None] | None, steps: int) -> Ca
     return callback
 
 
+#: a FLUX prompt's T5 tokens, padded to this length (FLUX.1-dev's own): a Ulysses group splits them too
+FLUX_TEXT_TOKENS = 512
+
+
 def is_flux(pipe: Any) -> bool:
     """FLUX pipelines (diffusers' or xDiT's wrapper of one) take no negative prompt and decode themselves."""
     return "Flux" in type(pipe).__name__
@@ -145,7 +149,7 @@ def _run_flux_batch(
     device = pipe._execution_device
     started = time.perf_counter()
     embeds, pooled, _text_ids = pipe.encode_prompt(
-        prompt=prompts, prompt_2=None, device=device, num_images_per_prompt=1, max_sequence_length=512
+        prompt=prompts, prompt_2=None, device=device, num_images_per_prompt=1, max_sequence_length=FLUX_TEXT_TOKENS
     )
     _sync(device)
     encoded = time.perf_counter()
