@@ -43,7 +43,7 @@ alone = build_flux(**arch, t5_vocab=None, clip_vocab=None)
 first_block_tokens(alone)
 one_process = make(alone)
 pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the same weights
-ulysses_split(pipe, dist.get_world_size())
+ulysses_split(pipe, dist.get_world_size(), "tiny-flux")
 if chunks:
     exchange_in_parts(pipe, dist.get_world_size(), chunks)
 first_block_tokens(pipe)
