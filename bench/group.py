@@ -126,12 +126,11 @@ def main() -> None:
 
     if args.xdit:
         ulysses.takes = lambda _layout: False  # the engine's other FLUX branch: xDiT
-    diffusers_split = "transformer" in engine.loaded.pipe.components and ulysses.takes(layout)
-    if args.cp_chunks and not diffusers_split:
-        raise SystemExit("--cp-chunks changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
     engine.split()
-    split = "xdit" if layout.model_parallel and not diffusers_split else "diffq"
-    if diffusers_split:
+    if args.cp_chunks and not engine.ulysses_split:
+        raise SystemExit("--cp-chunks changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
+    split = "xdit" if layout.model_parallel and not engine.ulysses_split else "diffq"
+    if engine.ulysses_split:
         split = "diffusers"
         if args.cp_chunks:
             from context_parallel import exchange_in_parts
