@@ -12,6 +12,7 @@ the two places before the real CLI runs, so the worker under test is otherwise t
   exists, after its images are written (a disk that fills up in between).
 - ``HELD_TAKEN=<file>``: each job the worker takes waits, before its execution is registered
   (in RQ's intermediate list), until ``<file>`` exists (a worker killed as it takes a job).
+- ``HELD_LEASE_TTL=<s>``: GPU leases live this long instead of 30 s, so a test can outwait one.
 - ``HELD_STATE=<file>``: written (``loading`` / ``writing`` / ``recording``) when the worker
   reaches the hold.
 - ``DIFFQ_FAULT_*``: the faults of :mod:`faults`.
@@ -38,6 +39,11 @@ def hold(flag: str, state: str) -> None:
 
 def install() -> None:
     load_flag, writer_flag = os.environ.get("HELD_LOAD"), os.environ.get("HELD_WRITER")
+    lease_ttl = os.environ.get("HELD_LEASE_TTL")
+    if lease_ttl:
+        import worker.supervision.lease as lease
+
+        lease.LEASE_TTL_S = int(lease_ttl)
     taken_flag = os.environ.get("HELD_TAKEN")
     if taken_flag:
         from worker.serving.rqworker import DiffqWorker

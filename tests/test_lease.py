@@ -12,6 +12,7 @@ from conftest import start_worker, wait_for
 from rq import Worker
 
 from common.errors import ConfigError
+from worker.serving.rqworker import EXIT_LEASE_LOST
 from worker.supervision.lease import LEASE_TTL_S, GpuLease, candidates, lease_key
 
 pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
@@ -58,6 +59,40 @@ def test_a_lease_is_exclusive_renewable_and_released(conn):
     assert not second.renew()  # taken over: the worker stops after its job
     first.release()
     assert conn.get(lease_key("h", "0")) is None
+
+
+def test_a_lease_is_held_while_the_worker_starts_however_long_that_takes(env, conn, tmp_path):
+    """Between taking its lease and serving, a worker imports torch and loads its model; four
+    replicas starting on a loaded two-core host took longer than the lease lives (CI, compose),
+    and the leases lapsed before any worker renewed them: a waiting replica could take a GPU in
+    use. Here the model load is held for three lease lifetimes."""
+    ttl = 4
+    release, state = tmp_path / "release", tmp_path / "state"
+    extra = {"DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0", "HELD_LEASE_TTL": str(ttl),
+             "HELD_LOAD": str(release), "HELD_STATE": str(state)}  # fmt: skip
+    log = tmp_path / "w.log"
+    proc = start_worker({**env, **extra}, log, "--preload", "tiny", "--name", "slow-start")
+    try:
+        wait_for(lambda: state.exists(), 240, "the worker to reach its model load")
+        owner = holders(conn)["0"]
+        assert f":{proc.pid}:" in owner
+        rival = GpuLease(conn, "testhost", ["0"])
+        held_since = time.monotonic()
+        while time.monotonic() - held_since < 3 * ttl:  # a lapse at any moment would show here
+            assert rival.try_acquire() is None, log.read_text()
+            time.sleep(0.1)
+        release.touch()
+        wait_for(lambda: conn.exists("rq:worker:slow-start"), 240, "the worker to serve")
+        assert holders(conn) == {"0": owner}
+
+        conn.set(lease_key("testhost", "0"), "another host's worker", ex=60)  # taken over
+        assert proc.wait(240) == EXIT_LEASE_LOST, log.read_text()
+        assert "GPU lease 0 was taken by another worker" in log.read_text()
+        assert holders(conn) == {"0": "another host's worker"}  # not released: it was not ours
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
 
 
 @pytest.mark.long

@@ -7,8 +7,9 @@ everything that must happen on a clock happens here, every ``keepalive_s`` (a si
 1. :meth:`Keeper.renew_heartbeats`: the worker's own key, the running job's execution, and a
    job whose images are still in the writer (overlap); only executions still in the started
    registry, so a worker back from a stall never takes back a job given away.
-2. :meth:`Keeper.renew_lease`: the GPU lease, where the worker took one (compose's
-   ``--gpu-lease``); a lease another worker took stops this one after its job.
+2. :meth:`Keeper.watch_lease`: the GPU lease, where the worker took one (compose's
+   ``--gpu-lease``; the lease renews itself from the moment it is taken); a lease another
+   worker took stops this one after its job.
 3. :meth:`Keeper.move_due_retries`: retries whose backoff is over, from RQ's scheduled
    registry back to the queue (RQ's scheduler, under its lock).
 4. :meth:`Keeper.publish_pauses`: why the worker takes no jobs (a full disk, a model it failed
@@ -72,7 +73,7 @@ class Keeper:
     def tick(self) -> None:
         """One round of every duty, in the order the module docstring gives."""
         self.renew_heartbeats()
-        self.renew_lease()
+        self.watch_lease()
         self.move_due_retries()
         self.publish_pauses()
         self.worker.keep_more()
@@ -107,9 +108,9 @@ class Keeper:
             job.id,
         )
 
-    def renew_lease(self) -> None:
+    def watch_lease(self) -> None:
         worker = self.worker
-        if worker.lease is not None and not worker.lease_lost and not worker.lease.renew():
+        if worker.lease is not None and not worker.lease_lost and worker.lease.lost.is_set():
             worker.lease_lost = True
             worker._stop_requested = True
             log.error("GPU lease %s was taken by another worker; stopping after this job", worker.lease.index)

@@ -540,8 +540,10 @@ class DiffqWorker(SimpleWorker):
 
     # -- waiting for work -------------------------------------------------------------------
 
-    #: a subclass that must act while no job runs (a group's rank 0 pings its ranks) sets this
-    idle_every_s: int | None = None
+    #: an idle worker waits for a job in slices of this many seconds, so a stop another thread
+    #: asks for (the keeper, when the GPU lease was taken over) ends it within one slice: RQ's
+    #: own wait returns only with a job; a group's rank 0 pings its ranks between slices
+    idle_every_s: int = 5
 
     def idle(self) -> None:
         """Called about every :attr:`idle_every_s` (and every burst wait) while no job runs."""
@@ -567,7 +569,7 @@ class DiffqWorker(SimpleWorker):
                 return None
             if self._give_backs and not self._after_give_back(burst=timeout is None):
                 return None
-            if timeout is not None and self.idle_every_s is not None:
+            if timeout is not None:
                 # wait for a job in slices, with idle() between them
                 result = super().dequeue_job_and_maintain_ttl(self.idle_every_s, self.idle_every_s)
                 if result is not None:

@@ -3,8 +3,10 @@
 Compose cannot give each replica its own device: a ``count: 1`` reservation does not spread
 replicas over GPUs. So every replica sees all GPUs of the host and, before it imports torch,
 takes the first free index with ``SET diffq:gpu-lease:<host>:<index> <owner> NX EX 30``. It
-pins itself with ``CUDA_VISIBLE_DEVICES`` and renews the lease from the worker's keeper thread.
-A replica that dies stops renewing, so its GPU is free again within :data:`LEASE_TTL_S`.
+pins itself with ``CUDA_VISIBLE_DEVICES`` and renews the lease from its own thread, from the
+moment it is taken: importing torch and loading the model come before the worker's keeper, and
+four replicas starting on a loaded two-core host took longer than the lease lives. A replica
+that dies stops renewing, so its GPU is free again within :data:`LEASE_TTL_S`.
 Replicas beyond the number of GPUs wait for a lease instead of doubling up on a GPU.
 
 ``<host>`` must be the same for every replica on one machine and differ between machines.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -75,6 +78,11 @@ class GpuLease:
     indices: list[str]
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
     index: str | None = None
+    #: set by the renewing thread when another owner holds the key; the keeper stops the worker
+    lost: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    #: one Redis step at a time: a renewal racing :meth:`release` must not take the key back
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def try_acquire(self) -> str | None:
         for index in self.indices:
@@ -91,6 +99,7 @@ class GpuLease:
             if index is not None:
                 log.info("leased GPU %s of host %s (lease %s, %ds, renewed while alive)", index, self.scope,
                          lease_key(self.scope, index), LEASE_TTL_S)  # fmt: skip
+                threading.Thread(target=self._keep, name="diffq-lease", daemon=True).start()
                 return index
             if not wait:
                 raise ConfigError(f"all GPUs {','.join(self.indices)} of host {self.scope} are leased")
@@ -99,6 +108,24 @@ class GpuLease:
                             len(self.indices), self.scope)  # fmt: skip
                 said = True
             time.sleep(RETRY_S)
+
+    def _keep(self) -> None:
+        """Renew every sixth of the TTL until :meth:`release` or until another owner holds it."""
+        failures = 0
+        while not self._stop.wait(LEASE_TTL_S / 6):
+            try:
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    if not self.renew():
+                        self.lost.set()
+                        return
+                failures = 0
+            except redis.RedisError as exc:
+                failures += 1
+                if failures == 1:  # once per outage; the lease is taken back when Redis returns
+                    log.warning("GPU lease %s: Redis did not answer (%s); renewing when it does",
+                                self.index, exc.__class__.__name__)  # fmt: skip
 
     def renew(self) -> bool:
         """Extend the lease; False if it is no longer ours (expired and taken by another)."""
@@ -111,6 +138,8 @@ class GpuLease:
         return bool(self.conn.set(key, self.owner, nx=True, ex=LEASE_TTL_S))
 
     def release(self) -> None:
-        if self.index is not None:
-            self.conn.eval(_RELEASE, 1, lease_key(self.scope, self.index), self.owner)
-            self.index = None
+        self._stop.set()
+        with self._lock:
+            if self.index is not None:
+                self.conn.eval(_RELEASE, 1, lease_key(self.scope, self.index), self.owner)
+                self.index = None
