@@ -81,6 +81,8 @@ class WayOut:
 
 #: the process's one :class:`WayOut` (see there)
 WAY_OUT = WayOut()
+#: after the first signal, Redis has this long to answer before the worker gives up on it and exits
+WARM_STOP_REDIS_S = 15.0
 
 
 class LoggedRetry(Retry):

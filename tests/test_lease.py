@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from conftest import start_worker, wait_for
+from conftest import RedisServer, free_port, start_worker, wait_for
 from rq import Worker
 
 from common.errors import ConfigError
@@ -93,6 +93,38 @@ def test_a_lease_is_held_while_the_worker_starts_however_long_that_takes(env, co
         if proc.poll() is None:
             proc.kill()
             proc.wait(60)
+
+
+def test_a_signal_stops_a_starting_leasing_worker_while_redis_is_down(env, tmp_path):
+    """The lease is renewed from the moment it is taken, so a worker still loading its model
+    talks to Redis: with Redis gone, one SIGTERM must still end it within the stop promise
+    (tests/test_stop.py: 30 s with Redis down), without a traceback. Its lease lapses in Redis."""
+    server = RedisServer(free_port(), tmp_path / "redis")
+    server.dir.mkdir()
+    server.start()
+    release, state = tmp_path / "release", tmp_path / "state"
+    extra = {"REDIS_URL": server.url, "DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0",
+             "HELD_LOAD": str(release), "HELD_STATE": str(state)}  # fmt: skip
+    log = tmp_path / "w.log"
+    proc = start_worker({**env, **extra}, log, "--preload", "tiny", "--name", "starting")
+    try:
+        wait_for(lambda: state.exists(), 240, "the worker to reach its model load")
+        server.stop()
+        wait_for(lambda: "Redis unreachable" in log.read_text(), 60, "the lease's renewal to miss Redis")
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = proc.wait(120)
+        took = time.monotonic() - signalled
+        print(f"exit {code} {took:.1f} s after SIGTERM")
+        text = log.read_text()
+        assert took < 40, text
+        assert code == 128 + signal.SIGTERM, text
+        assert "Traceback" not in text, text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+        server.stop()
 
 
 @pytest.mark.long

@@ -7,13 +7,15 @@ import os
 import signal
 import sys
 import threading
+from types import FrameType
 from typing import Any
 
 import click
+import redis
 
 from common.errors import ConfigError, DiffqError
 from common.presets import CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, PRECISIONS, SPEEDUP_LEVERS
-from common.queues import PATIENCE_FOREVER, connect, get_queue
+from common.queues import PATIENCE_FOREVER, WARM_STOP_REDIS_S, WAY_OUT, connect, get_queue
 from common.settings import Settings, redact
 
 
@@ -110,9 +112,10 @@ def run(**opts: Any) -> None:
             metrics_port=opts["metrics_port"],
         )
         lease = None
-        # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the lease)
+        # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the
+        # lease), and end even with Redis down: the lease's renewal is retrying meanwhile
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda signum, _frame: sys.exit(128 + signum))
+            signal.signal(signum, _exit_while_starting)
         _quiet_libraries()
         logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
         logging.getLogger("diffq.worker").info("starting: importing torch and diffusers (seconds, on a cold disk)")
@@ -122,9 +125,23 @@ def run(**opts: Any) -> None:
             _run(settings, opts, lease)
         finally:
             if lease is not None:
-                lease.release()
+                _release(lease)
     except DiffqError as exc:
         _fail(exc)
+
+
+def _exit_while_starting(signum: int, _frame: FrameType | None) -> None:
+    WAY_OUT.give_up_after(WARM_STOP_REDIS_S)
+    sys.exit(128 + signum)
+
+
+def _release(lease: Any) -> None:
+    try:
+        lease.release()
+    except redis.RedisError as exc:
+        logging.getLogger("diffq.worker").warning(
+            "GPU lease %s: Redis did not answer (%s); the lease lapses by itself", lease.index, exc.__class__.__name__
+        )
 
 
 def _quiet_libraries() -> None:
@@ -199,6 +216,8 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         heartbeat_ttl=settings.heartbeat_ttl,
     )
     _on_orphaned.append(lambda: worker.stop_now("its launcher is gone"))
+    if opts["preload"]:  # before it says it serves: compose's logs show a replica ready only once it is
+        pipelines.get(opts["preload"])
     log.info(
         "worker %s serving queue %r at %s on %s (%s, speedups %s, offload %s)",
         name,
@@ -209,8 +228,6 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         pipelines.speedups.describe(),
         pipelines.offload,
     )
-    if opts["preload"]:
-        pipelines.get(opts["preload"])
     worker.work(
         burst=opts["burst"],
         max_jobs=opts["max_jobs"],

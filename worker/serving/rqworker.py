@@ -45,7 +45,7 @@ from rq.worker.base import SHUTDOWN_SIGNAL
 
 from common.errors import NeedsAGroup, NotServedHere, OutputUnavailable, WorkerUnavailable
 from common.lanes import group_lane
-from common.queues import WAY_OUT, get_queue, paused_key, retire_finished
+from common.queues import WARM_STOP_REDIS_S, WAY_OUT, get_queue, paused_key, retire_finished
 from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
@@ -75,8 +75,6 @@ WORKER_TTL_S = 60
 DEFAULT_HEARTBEAT_TTL_S = 30
 #: longest wait after giving back a job this worker does not take
 GIVE_BACK_MAX_WAIT_S = 30.0
-#: after the first signal, Redis has this long to answer before the worker gives up on it and exits
-WARM_STOP_REDIS_S = 15.0
 #: the promise (README): after the second signal the process is gone within this many seconds
 COLD_EXIT_PROMISE_S = 1.5
 #: the hard-exit timer: a third of the promise kept back for a loaded machine's scheduling (the
