@@ -31,8 +31,9 @@ SEAMS = [
     (WarmPipelines, "get"),
 ]
 #: wrapped seams that check themselves: their tests wait for the state file the hold writes
-#: (tests/held_worker.py) or for the rank to fail (tests/test_group.py), so a bypassed one fails
-SELF_CHECKING = {"DiffqWorker.execute_job", "Writer.submit", "RankEngine._run"}
+#: (tests/held_worker.py) or for the rank to fail (tests/test_group.py), or read the lease's
+#: lifetime back from the worker's log (tests/test_lease.py), so a bypassed one fails
+SELF_CHECKING = {"DiffqWorker.execute_job", "Writer.submit", "RankEngine._run", "lease.LEASE_TTL_S"}
 
 
 def test_every_seam_the_fault_tests_wrap_is_on_a_jobs_path(env, conn, tmp_path, monkeypatch):

@@ -77,6 +77,7 @@ def test_a_lease_is_held_while_the_worker_starts_however_long_that_takes(env, co
         wait_for(lambda: state.exists(), 240, "the worker to reach its model load")
         owner = holders(conn)["0"]
         assert f":{proc.pid}:" in owner
+        assert f"{ttl}s, renewed while alive" in log.read_text()  # the lifetime HELD_LEASE_TTL set
         rival = GpuLease(conn, "testhost", ["0"])
         held_since = time.monotonic()
         while time.monotonic() - held_since < 2 * ttl:  # a lapse at any moment would show here
