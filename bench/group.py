@@ -71,6 +71,12 @@ def main() -> None:
         help="experiment, on diffusers' Ulysses split: our attention exchange in this many parts of the heads, "
         "overlapped with attention (bench/context_parallel.py)",
     )
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="on diffusers' Ulysses split: the single-stream blocks' exchanges overlapped with their MLP "
+        "(worker.group.ulysses.overlap_exchanges)",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -137,6 +143,12 @@ def main() -> None:
 
             exchange_in_parts(engine.loaded.pipe, args.ulysses_degree, args.cp_chunks)
             split = f"diffusers, our exchange in {args.cp_chunks} parts"
+        if args.overlap:
+            compiled = "compile-blocks" in engine.loaded.speedups
+            blocks = ulysses.overlap_exchanges(engine.loaded.pipe, compiled=compiled)
+            split = f"diffusers, {blocks} single-stream blocks overlapped" + (" (compiled pieces)" if compiled else "")
+    elif args.overlap:
+        raise SystemExit("--overlap changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
     load_s = time.perf_counter() - started
     graphs = None
     if args.graph_steps:
@@ -236,7 +248,15 @@ def main() -> None:
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(line) + "\n")
     dist.barrier()
+    if graphs is not None:  # a graph that captured collectives holds NCCL's communicators: drop it first
+        graphs.reset()
+        torch.cuda.synchronize()
+        import gc
+
+        gc.collect()
     dist.destroy_process_group()
+    if rank == 0:
+        print(f"rank 0: process group destroyed at {time.time():.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #   bash bench/group_device.sh cfgprofile  # SDXL batch 1: 1 GPU (worker levers) vs CFG parallel, under torch.profiler
 #   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 (xDiT) under torch.profiler; diffusers' own Ulysses, ours in parts; comm overlap
 #   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
+#   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
 #   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -196,6 +197,21 @@ fluxcp)  # issue 46: diffusers' own Ulysses split (2.624 s) beat xDiT's (2.835 s
   find $OUT -name '*.trace.json.gz' -delete
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/prof* $OUT/*.log
   mv /tmp/logs.tgz $OUT/
+  ;;
+fluxoverlap)  # issue 46: the single-stream blocks' all-to-alls (2/3 of the split's 0.30 s per image) overlapped with
+  # their MLP (worker.group.ulysses.overlap_exchanges); then both with one CUDA graph per transformer call, whose
+  # processes now drop their graphs before the process group (do they exit by themselves?)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
+  timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for v in "flux-u2-product:" "flux-u2-overlap:--overlap" "flux-u2-overlap-graphsteps:--overlap --graph-steps" \
+           "flux-u2-product-graphsteps:--graph-steps"; do
+    [ $SECONDS -lt 450 ] || break
+    timeout $((530 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 ${v#*:} \
+      --compare /tmp/flux1.npy --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1
+    echo "${v%%:*} rc=$? ended $(date +%s.%N | cut -c1-12) at ${SECONDS}s"; grep -h "destroyed" $OUT/${v%%:*}.log
+  done
+  for f in $OUT/*.log; do tail -n 2 "$f" | cut -c1-400; done
   ;;
 fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses
   # (worker/group/ulysses.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the
