@@ -74,8 +74,8 @@ def main() -> None:
     ap.add_argument(
         "--overlap",
         action="store_true",
-        help="on diffusers' Ulysses split: the single-stream blocks' exchanges overlapped with their MLP "
-        "(worker.group.ulysses.overlap_exchanges)",
+        help="experiment, on diffusers' Ulysses split: the single-stream blocks' exchanges overlapped with "
+        "their MLP (bench/context_parallel.py)",
     )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
@@ -145,7 +145,9 @@ def main() -> None:
             split = f"diffusers, our exchange in {args.cp_chunks} parts"
         if args.overlap:
             compiled = "compile-blocks" in engine.loaded.speedups
-            blocks = ulysses.overlap_exchanges(engine.loaded.pipe, compiled=compiled)
+            from context_parallel import overlap_exchanges
+
+            blocks = overlap_exchanges(engine.loaded.pipe, compiled=compiled)
             split = f"diffusers, {blocks} single-stream blocks overlapped" + (" (compiled pieces)" if compiled else "")
     elif args.overlap:
         raise SystemExit("--overlap changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
@@ -208,6 +210,7 @@ def main() -> None:
             "peak_gib": round(float(peak.item()), 2) if cuda else None,
             "parallel_vae": args.parallel_vae,
             "graph_steps": graphs.replays if graphs is not None else None,
+            "product_graphs": engine.graphs_hold_collectives,
             "comm_overlap": args.comm_overlap,
             "split": split,
             "torch": torch.__version__,
@@ -248,12 +251,11 @@ def main() -> None:
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(line) + "\n")
     dist.barrier()
-    if graphs is not None:  # a graph that captured collectives holds NCCL's communicators: drop it first
-        graphs.reset()
-        torch.cuda.synchronize()
-        import gc
+    if cuda:  # a graph that captured collectives holds NCCL's communicators: drop it first (the product's too)
+        from worker.pipelines import step_graphs
 
-        gc.collect()
+        torch.cuda.synchronize()
+        step_graphs.release(engine.loaded.pipe)
     dist.destroy_process_group()
     if rank == 0:
         print(f"rank 0: process group destroyed at {time.time():.1f}", flush=True)

@@ -19,6 +19,7 @@
 #   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 (xDiT) under torch.profiler; diffusers' own Ulysses, ours in parts; comm overlap
 #   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
 #   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
+#   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -212,6 +213,23 @@ fluxoverlap)  # issue 46: the single-stream blocks' all-to-alls (2/3 of the spli
     echo "${v%%:*} rc=$? ended $(date +%s.%N | cut -c1-12) at ${SECONDS}s"; grep -h "destroyed" $OUT/${v%%:*}.log
   done
   for f in $OUT/*.log; do tail -n 2 "$f" | cut -c1-400; done
+  ;;
+fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
+  # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  C=vae-fp16,compile-blocks
+  DIFFQ_SPEEDUPS=$C timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$C timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 \
+    --compare /tmp/flux1.npy --out $R --label flux-u2-nographs > $OUT/flux2.log 2>&1; echo "Ulysses 2 without graphs rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 --compare /tmp/flux1.npy --out $R \
+    --label flux-u2-product > $OUT/flux2g.log 2>&1; echo "Ulysses 2, the group's defaults rc=$? at ${SECONDS}s"
+  grep -h "split: \|destroyed" $OUT/flux2g.log | cut -c1-300
+  [ $SECONDS -lt 330 ] && { timeout 150 python3 bench/group_queue.py --gpus 2 $F --degrees "--ulysses-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 400 ] && { FAULT_MODEL=flux-random FAULT_DEGREES="--ulysses-degree 2" \
+    FAULT_ENQUEUE="--steps 28 --guidance 3.5" timeout 140 bash bench/group_fault.sh > /dev/null 2>&1; \
+    echo "fault rc=$? at ${SECONDS}s"; cat $OUT/fault.txt; }
   ;;
 fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses
   # (worker/group/ulysses.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the

@@ -1,13 +1,15 @@
 # A rank killed mid-job on GPUs (NCCL), the group restarted by torchrun; source bench/device_setup.sh first.
 #   bash bench/group_fault.sh     -> $OUT/fault.log, $OUT/fault.txt
+#   FAULT_MODEL=flux-random FAULT_DEGREES="--ulysses-degree 2" FAULT_ENQUEUE="--steps 28 --guidance 3.5" bash bench/group_fault.sh
 set -u
+M=${FAULT_MODEL:-sdxl-random}; D=${FAULT_DEGREES:---cfg-parallel}; E=${FAULT_ENQUEUE:-}
 export DIFFQ_QUEUE=gfault
 W=/tmp/gfault; rm -rf $W; mkdir -p $W
 python3 -c "import redis; redis.Redis.from_url('$REDIS_URL').flushdb()"
 printf 'prompt\n' > $W/p.csv; for i in 0 1 2 3 4 5; do echo "\"fault prompt $i, a red fox in snow\"" >> $W/p.csv; done
-python3 -m producer enqueue $W/p.csv --model sdxl-random --chunk-size 1 --output $W/out > $OUT/fault.txt 2>&1
+python3 -m producer enqueue $W/p.csv --model $M $E --chunk-size 1 --output $W/out > $OUT/fault.txt 2>&1
 python3 -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 1 -m worker.group \
-  --model sdxl-random --cfg-parallel --burst --timeout 60 > $OUT/fault.log 2>&1 &
+  --model $M $D --burst --timeout 60 > $OUT/fault.log 2>&1 &
 TR=$!
 for _ in $(seq 300); do grep -q "fault prompt 2" $OUT/fault.log && break; sleep 0.2; done
 sleep 0.7

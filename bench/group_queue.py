@@ -122,6 +122,8 @@ def main() -> None:
         "overhead_s": [round(o, 4) for o in overhead],
         "overhead_s_median": round(statistics.median(overhead), 4) if overhead else None,
         "wall_s": round(wall, 1),
+        # how long the group took to exit by itself (--burst) after writing the last job's images
+        "exit_after_last_s": round(started + wall - max(map(done_at, jobs)), 1) if jobs else None,
     }
     print(json.dumps(record), flush=True)
     with open(args.out, "a") as fh:

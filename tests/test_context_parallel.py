@@ -23,7 +23,7 @@ import json, sys
 import numpy as np, torch, torch.distributed as dist
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
 from context_parallel import exchange_in_parts
-from worker.group.ulysses import overlap_exchanges, split as ulysses_split
+from worker.group.ulysses import split as ulysses_split
 from worker.pipelines.models import build_flux
 
 dist.init_process_group("gloo")
@@ -46,19 +46,14 @@ pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the 
 ulysses_split(pipe, dist.get_world_size(), "tiny-flux")
 if exchange.startswith("parts"):
     exchange_in_parts(pipe, dist.get_world_size(), int(exchange[len("parts"):]))
-elif exchange == "overlapped":
-    overlap_exchanges(pipe, compiled=False)
 first_block_tokens(pipe)
 split = make(pipe)
 pipe.transformer.compile_repeated_blocks(fullgraph=True)  # a graph break raises here
-if exchange == "overlapped":  # as a group does: the levers compile, then the split
-    overlap_exchanges(pipe, compiled=True)
 compiled = make(pipe)
 np.save(f"{out}/rank{dist.get_rank()}.npy", np.stack([one_process, split, compiled]))
 processors = sorted({type(p).__name__ for p in pipe.transformer.attn_processors.values()})
 with open(f"{out}/rank{dist.get_rank()}.json", "w") as fh:  # not stdout: the two ranks' lines interleave there
-    forwards = sorted({b.forward.__func__.__name__ for b in pipe.transformer.single_transformer_blocks})
-    json.dump({"tokens": tokens, "processors": processors, "single_forwards": forwards}, fh)
+    json.dump({"tokens": tokens, "processors": processors}, fh)
 dist.destroy_process_group()
 """
 
@@ -68,7 +63,7 @@ EIGHT_HEADS = {**TINY_FLUX, "transformer": {**TINY_FLUX["transformer"], "num_att
 
 
 @pytest.mark.slow  # torchrun, two FLUX pipelines per rank and a compile: half a minute each on the CPU
-@pytest.mark.parametrize("exchange", ["diffusers", "parts2", "overlapped"])
+@pytest.mark.parametrize("exchange", ["diffusers", "parts2"])
 def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, exchange: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
@@ -88,8 +83,6 @@ def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tm
         whole, _, *split = report["tokens"]
         assert len(split) == 4 and all(seen * 2 == whole for seen in split)
         assert report["processors"] == (["ChunkedUlysses"] if exchange == "parts2" else ["FluxAttnProcessor"])
-        overlapped = exchange == "overlapped"
-        assert report["single_forwards"] == (["_overlapped_single_block"] if overlapped else ["forward"])
     for rank in (0, 1):
         one_process, split_image, compiled = np.load(tmp_path / f"rank{rank}.npy")
         assert np.abs(one_process - split_image).max() <= 1e-5

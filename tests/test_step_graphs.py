@@ -174,3 +174,30 @@ def test_the_lever_on_a_cpu_worker_says_it_needs_a_gpu_and_changes_nothing(plain
     assert not isinstance(cache.get("tiny")[0].pipe.unet.forward, StepGraphs)
     assert "speedups: cuda-graphs needs the UNet on a CUDA GPU; this one runs without them" in caplog.messages
     assert all(np.array_equal(a, b) for a, b in zip(images(plain, 1), got, strict=True))
+
+
+def test_a_flux_groups_transformer_is_graphed_whole_and_released_before_the_group_is_left():
+    """A Ulysses group graphs every transformer call (its all-to-alls inside: on a GPU the graph
+    holds NCCL's communicators), and drops the graphs before its process group is destroyed."""
+    from test_speedups import TINY_FLUX
+
+    from worker.group.engine import ALL_ROWS
+    from worker.pipelines.models import build_flux
+
+    def image(pipe: Any) -> np.ndarray:
+        generator = torch.Generator().manual_seed(3)
+        return pipe("a red fox", width=64, height=64, num_inference_steps=3, guidance_scale=3.5,
+                    generator=generator, output_type="np").images[0]  # fmt: skip
+
+    pipe = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    plain = image(pipe)
+    graphs = ReplayedOnCpu(pipe.transformer, max_rows=ALL_ROWS)
+    assert step_graphs.installed(pipe) is graphs
+    graphed = image(pipe)
+    assert (graphs.captures, graphs.replays) == (1, 3)  # one shape, every step replayed
+    assert np.abs(plain - graphed).max() == 0
+    assert step_graphs.release(pipe)
+    assert graphs.graphs == {}
+    after = image(pipe)  # a rank that lingers runs without graphs, capturing nothing again
+    assert (graphs.captures, graphs.replays) == (1, 3)
+    assert np.abs(plain - after).max() == 0

@@ -206,8 +206,8 @@ def _serve(settings: Settings, layout: GroupLayout, model: str, opts: dict[str, 
         follower.stop_asked = bool(stop_early)
         signal.signal(signal.SIGTERM, follower.on_signal)
         signal.signal(signal.SIGINT, follower.on_signal)
-        return _finish(follower.serve())
-    return _finish(_lead(settings, engine, control, conn, opts, gpus, world, bool(stop_early)))
+        return _finish(follower.serve(), engine)
+    return _finish(_lead(settings, engine, control, conn, opts, gpus, world, bool(stop_early)), engine)
 
 
 def _lead(
@@ -286,9 +286,26 @@ def _wait_all_loaded(rank: int, world: int) -> None:
         time.sleep(0.2)
 
 
-def _finish(code: int) -> int:
+def _finish(code: int, engine: Any) -> int:
+    """Leave the process group: whole on a clean stop; on a lost group (a peer gone) without
+    NCCL's teardown, which may wait on the peer. CUDA graphs that captured NCCL's collectives
+    are dropped first (:func:`worker.pipelines.step_graphs.release`); with a peer gone not even a
+    CUDA sync or a graph's release is sure to return, so such a rank leaves with ``os._exit``
+    (its job was given back, its logs are flushed)."""
+    import torch
     import torch.distributed as dist
 
+    from worker.pipelines import step_graphs
+
+    held = engine.graphs_hold_collectives
+    if held and code != 0:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if held:
+        torch.cuda.synchronize()
+        step_graphs.release(engine.loaded.pipe)
     if dist.is_initialized() and code == 0:
         dist.destroy_process_group()
     return code

@@ -46,8 +46,15 @@ log = logging.getLogger("diffq.group")
 #: levers (the whole UNet and the decoder compiled; compile-blocks is left out where compile-unet
 #: applies) and replays the UNet's small calls as CUDA graphs (a CFG pair at batch 1 launches the
 #: kernels of a whole image for half the rows: the host is its limit); a FLUX group compiles its
-#: transformer's blocks (the UNet levers do not apply to it)
+#: transformer's blocks (the UNet levers do not apply to it) and, split with Ulysses, replays each
+#: transformer call as one CUDA graph
 GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs"
+#: a FLUX call's rows are its images (no CFG batch): every call of a Ulysses group is graphed.
+#: Why (2 H100s, FLUX 1024², 28 steps, compiled blocks, docs/groups.md): each rank launches the
+#: split's all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the
+#: host: 2.59 s per image against 2.84 s without graphs (3.41-3.44 s in other calls of one
+#: process) and one GPU's 3.95 s; the graphs added 0.07 GiB at peak
+ALL_ROWS = 1 << 30
 
 
 class RankEngine:
@@ -60,6 +67,7 @@ class RankEngine:
         self.dp_rank = rank // self.per_dp
         self.holder = True  # whether this rank ends a batch with its dp group's images
         self.ulysses_split = False  # FLUX split by diffusers' Ulysses (worker/group/ulysses.py)
+        self.graphs_hold_collectives = False  # CUDA graphs that captured NCCL's all-to-alls
         # a group's own defaults, measured under its splits (docs/benchmarks.md): compile-blocks
         # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
         # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
@@ -113,6 +121,9 @@ class RankEngine:
             self.ulysses_split = True
             self.holder = self.rank == 0  # every rank ends with the whole image; one answers
             how = f"Ulysses {self.layout.ulysses_degree} (diffusers)"
+            if "cuda-graphs" in loaded.speedups and step_graphs.install(loaded.pipe.transformer, ALL_ROWS):
+                self.graphs_hold_collectives = True
+                how += ", each transformer call one CUDA graph"
         elif flux and self.layout.model_parallel:
             loaded.pipe = self._wrap_xdit(loaded.pipe, model)
             how = f"xDiT, {self.layout.arithmetic()}"

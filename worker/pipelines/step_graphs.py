@@ -25,6 +25,7 @@ The memory probe runs without graphs (:func:`paused`): a probe's batch sizes are
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -52,6 +53,7 @@ class StepGraphs:
 
     def __init__(self, module: torch.nn.Module, max_rows: int = MAX_ROWS) -> None:
         self.eager = module.forward
+        self.name = "the UNet" if "UNet" in type(module).__name__ else "the transformer"
         self.max_rows = max_rows
         self.graphs: dict[str, tuple[Any, list[Any], Any]] = {}
         self.captures = 0
@@ -76,8 +78,9 @@ class StepGraphs:
                 if not self.full:
                     self.full = True
                     log.warning(
-                        "cuda-graphs: the UNet was called with more than %d shapes; calls of new shapes run "
+                        "cuda-graphs: %s was called with more than %d shapes; calls of new shapes run "
                         "without CUDA graphs",
+                        self.name,
                         MAX_GRAPHS,
                     )
                 return self.eager(*args, **kwargs)
@@ -89,7 +92,8 @@ class StepGraphs:
                 self.broken = True
                 self.graphs.clear()
                 log.warning(
-                    "cuda-graphs: capturing the UNet's call failed (%s: %s); this worker runs it without CUDA graphs",
+                    "cuda-graphs: capturing %s's call failed (%s: %s); this worker runs it without CUDA graphs",
+                    self.name,
                     type(exc).__name__,
                     str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
                 )
@@ -140,23 +144,38 @@ def _key(leaves: list[Any], spec: Any) -> str:
     return f"{spec}|{described}"
 
 
-def install(module: torch.nn.Module) -> StepGraphs | None:
+def install(module: torch.nn.Module, max_rows: int = MAX_ROWS) -> StepGraphs | None:
     """Graph ``module``'s calls where it runs on a CUDA device; elsewhere nothing changes (None)."""
     weight = next(module.parameters(), None)
     if weight is None or weight.device.type != "cuda":
         log.info("speedups: cuda-graphs needs the UNet on a CUDA GPU; this one runs without them")
         return None
-    return StepGraphs(module)
+    return StepGraphs(module, max_rows=max_rows)
 
 
 def installed(pipe: Any) -> StepGraphs | None:
-    """The graphs standing in for ``pipe``'s UNet, if any (also under a CFG pair's split forward)."""
-    unet = getattr(pipe, "unet", None)
-    forward = getattr(unet, "forward", None)
+    """The graphs standing in for ``pipe``'s denoiser (a UNet, also under a CFG pair's split
+    forward, or a FLUX group's transformer), if any."""
+    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    forward = getattr(denoiser, "forward", None)
     if isinstance(forward, StepGraphs):
         return forward
     inner = getattr(forward, "graphs", None)  # the CFG pair's split_forward names what it wraps
     return inner if isinstance(inner, StepGraphs) else None
+
+
+def release(pipe: Any) -> bool:
+    """Drop ``pipe``'s graphs for good, before its process leaves its process group: a graph
+    that captured NCCL's collectives holds their communicators, and a 2-H100 process that
+    destroyed its group with such graphs alive did not exit (stopped by ``timeout``); with them
+    dropped first it exited 5 s after its last call. Returns whether there were graphs."""
+    graphs = installed(pipe)
+    if graphs is None:
+        return False
+    graphs.paused = True
+    graphs.reset()
+    gc.collect()
+    return True
 
 
 def reset(pipe: Any) -> None:
