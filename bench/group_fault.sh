@@ -11,7 +11,12 @@ python3 -m producer enqueue $W/p.csv --model $M $E --chunk-size 1 --output $W/ou
 python3 -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 1 -m worker.group \
   --model $M $D --burst --timeout 60 > $OUT/fault.log 2>&1 &
 TR=$!
-for _ in $(seq 300); do grep -q "fault prompt 2" $OUT/fault.log && break; sleep 0.2; done
+# the third job has started: its prompt logged (SDXL), or the second job's line written (FLUX logs no prompt)
+for _ in $(seq 600); do
+  grep -q "fault prompt 2" $OUT/fault.log && break
+  [ "$(grep -c 'image(s) in' $OUT/fault.log)" -ge 2 ] && break
+  sleep 0.2
+done
 sleep 0.7
 PID1=$(sed -n "s/.*rank 1 (pid \([0-9]*\)).*/\1/p" $OUT/fault.log | head -1)
 echo "killing rank 1 (pid $PID1) at $(date +%T.%N)" >> $OUT/fault.txt
