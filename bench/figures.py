@@ -138,6 +138,8 @@ SPLIT_CALLS = {
     "fluxprofile": ("compiled", "diffusers-cp", "diffusers-cp-chunks4", "diffusers-cp-chunks4-overlap", "comm-overlap"),
     "fluxcp": ("xdit", "diffusers-cp", "diffusers-cp-p2p32", "diffusers-cp-overlap", "diffusers-cp-graphsteps"),
     "fluxsplit": ("xdit", "product", "product-graphsteps"),
+    "fluxoverlap": ("product", "overlap", "overlap-graphsteps", "product-graphsteps"),
+    "fluxgraphs": ("nographs", "product"),
 }
 
 
@@ -323,6 +325,18 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fleet.bulk": lambda: f"{_one('h100x4-fleet-call2.jsonl')['img_per_s_after_warm']:.2f} img/s",
     "split.fluxsplit.queue": lambda: (
         f"{_one('h100x2-fluxsplit-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
+    ),
+    "split.fluxgraphs.queue": lambda: (
+        f"{_one('h100x2-fluxgraphs-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
+    ),
+    "split.fluxgraphs.queue.job": lambda: (
+        f"{_one('h100x2-fluxgraphs-call.jsonl', kind='group-queue')['job_s_median']:.3f} s"
+    ),
+    "graphs.flux.u2": lambda: "{:.2f} → {:.2f} s".format(
+        *(_one("h100x2-fluxgraphs-call.jsonl", label=f"flux-u2-{r}")["s_per_img"] for r in ("nographs", "product"))
+    ),
+    "split.fluxgraphs.exit": lambda: (
+        f"{_one('h100x2-fluxgraphs-call.jsonl', kind='group-queue')['exit_after_last_s']:.1f} s"
     ),
     "prof.xdit.a2a": lambda: _least_a2a("fluxprofile", "flux-u2-compiled"),
     "prof.diffusers.a2a": lambda: _least_a2a("fluxcp", "flux-u2-diffusers-cp"),

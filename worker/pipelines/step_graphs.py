@@ -11,8 +11,12 @@ Why by hand rather than ``torch.compile(mode="reduce-overhead")``: the UNet's co
 comes from a precompiled file (:mod:`worker.pipelines.precompiled`), which the compiler's own
 CUDA graphs do not wrap, and a 2-GPU process whose compiled graphs ran under them did not exit
 after its last call. Here one graph records whatever the UNet's forward launches (compiled or
-not); collectives stay outside it (a CFG pair gathers after the UNet call), so nothing NCCL owns
-is held by a graph.
+not); a CFG pair's exchange stays outside it (the pair gathers after the UNet call).
+
+A FLUX group split with Ulysses graphs its whole transformer call, the NCCL all-to-alls inside
+(2.58 against 2.70 s per image on 2 H100s, docs/groups.md). Such a graph holds NCCL's
+communicators: :func:`release` drops the graphs before the group leaves its process group, else
+the process did not exit.
 
 A graph replays the memory it was captured with: inputs are copied into its own buffers before
 each replay and its outputs cloned out, so the pipeline sees an ordinary module. diffq's own
