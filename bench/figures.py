@@ -161,6 +161,32 @@ def _split_calls() -> dict[str, Callable[[], str]]:
     return out
 
 
+def _flux4g() -> dict[str, Callable[[], str]]:
+    """FLUX 1024² on 4 H100s as the product splits it (``h100x4-flux4g-call.jsonl``): seconds and
+    the speedup over one compiled GPU in the same call; Ulysses 4 through the queue."""
+    name = "h100x4-flux4g-call.jsonl"
+
+    def run(label: str) -> Callable[[], str]:
+        def text() -> str:
+            one, many = (_one(name, label=x, kind="group-bare")["s_per_img"] for x in ("flux-1gpu-compiled", label))
+            return f"{many:.3f} s ({one / many:.2f}×)"
+
+        return text
+
+    def queue(field: str) -> float:
+        return _one(name, kind="group-queue")[field]
+
+    return {
+        "flux4g.1gpu": lambda: f"{_one(name, label='flux-1gpu-compiled')['s_per_img']:.3f} s",
+        "flux4g.u4": run("flux-u4-product"),
+        "flux4g.u4.nographs": run("flux-u4-nographs"),
+        "flux4g.u2": run("flux-u2-product"),
+        "flux4g.queue.job": lambda: f"{queue('job_s_median'):.3f} s",
+        "flux4g.queue.per-job": lambda: f"{queue('overhead_s_median') / queue('job_s_median'):.1%}".replace("%", " %"),
+        "flux4g.queue.run": lambda: f"{queue('queue_overhead_frac'):.1%}".replace("%", " %"),
+    }
+
+
 def _least_a2a(call: str, label: str) -> str:
     """All-to-all kernel seconds per image on the rank that waited least in them (it arrived last,
     so its kernels are the transfer itself), from a ``--profile`` run's line."""
@@ -332,6 +358,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "split.fluxgraphs.queue.job": lambda: (
         f"{_one('h100x2-fluxgraphs-call.jsonl', kind='group-queue')['job_s_median']:.3f} s"
     ),
+    **_flux4g(),
     "graphs.flux.u2": lambda: "{:.2f} → {:.2f} s".format(
         *(_one("h100x2-fluxgraphs-call.jsonl", label=f"flux-u2-{r}")["s_per_img"] for r in ("nographs", "product"))
     ),

@@ -20,6 +20,7 @@
 #   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
 #   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
+#   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -230,6 +231,22 @@ fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as o
   [ $SECONDS -lt 400 ] && { FAULT_MODEL=flux-random FAULT_DEGREES="--ulysses-degree 2" \
     FAULT_ENQUEUE="--steps 28 --guidance 3.5" timeout 140 bash bench/group_fault.sh > /dev/null 2>&1; \
     echo "fault rc=$? at ${SECONDS}s"; cat $OUT/fault.txt; }
+  ;;
+flux4g)  # issue 46: the product's FLUX split (diffusers' Ulysses, each transformer call one CUDA graph) on 4 GPUs;
+  # measured on 4 H200s before it only with xDiT's split (flux4c: Ulysses 4 1.99x)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  C=vae-fp16,compile-blocks
+  DIFFQ_SPEEDUPS=$C timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --runs 3 --compare /tmp/flux1.npy --out $R \
+    --label flux-u4-product > $OUT/flux4g.log 2>&1; echo "Ulysses 4, the group's defaults rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$C timeout 120 $TR --nproc-per-node 4 bench/group.py $F --ulysses-degree 4 --runs 3 \
+    --compare /tmp/flux1.npy --out $R --label flux-u4-nographs > $OUT/flux4.log 2>&1; echo "Ulysses 4 without graphs rc=$? at ${SECONDS}s"
+  timeout 120 $TR --nproc-per-node 2 bench/group.py $F --ulysses-degree 2 --runs 3 --compare /tmp/flux1.npy --out $R \
+    --label flux-u2-product > $OUT/flux2g.log 2>&1; echo "Ulysses 2, the group's defaults rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 400 ] && { timeout 140 python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  grep -h "split: " $OUT/flux4g.log | head -1 | cut -c1-250
   ;;
 fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses
   # (worker/group/ulysses.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the
