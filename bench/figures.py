@@ -345,6 +345,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "group.flux.u4": lambda: _group("h200x4-flux4c-call.jsonl", "flux-1gpu-compiled", "flux-u4-compiled"),
     "group.flux.u2.h100": lambda: _group("h100x2-flux1024-call.jsonl", "flux-1gpu-compiled", "flux-u2-compiled"),
     "group.flux2048.u2": lambda: _group("h100x2-flux2048-call.jsonl", "flux-2048-1gpu", "flux-2048-u2"),
+    "group.flux2048.u2.product": lambda: _group(
+        "h100x2-flux2048g-call.jsonl", "flux-2048-1gpu", "flux-2048-u2-product"
+    ),
     "group.flux2048.u2.pvae": lambda: _group("h100x2-flux2048-call.jsonl", "flux-2048-1gpu", "flux-2048-u2-pvae"),
     "fleet.latency.wait": lambda: f"{_one('h100x4-fleet-call2.jsonl')['latency_wait_s_median'] * 1000:.0f} ms",
     "fleet.latency.run": lambda: f"{_one('h100x4-fleet-call2.jsonl')['latency_run_s_median']:.2f} s",

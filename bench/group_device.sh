@@ -21,6 +21,7 @@
 #   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
+#   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
 #   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -247,6 +248,14 @@ flux4g)  # issue 46: the product's FLUX split (diffusers' Ulysses, each transfor
   [ $SECONDS -lt 400 ] && { timeout 140 python3 bench/group_queue.py --gpus 4 $F --degrees "--ulysses-degree 4" \
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   grep -h "split: " $OUT/flux4g.log | head -1 | cut -c1-250
+  ;;
+flux2048g)  # issue 46: FLUX 2048² as the product splits it now (measured 2026-11-26 under xDiT's split: 1.67x)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 200 $TR --nproc-per-node 1 bench/group.py $F --size 2048 --runs 2 \
+    --save /tmp/flux2k.npy --out $R --label flux-2048-1gpu > $OUT/f2k-1.log 2>&1; echo "2048 1 GPU rc=$? at ${SECONDS}s"
+  timeout 200 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --ulysses-degree 2 --runs 2 --compare /tmp/flux2k.npy \
+    --out $R --label flux-2048-u2-product > $OUT/f2k-u2.log 2>&1; echo "2048 Ulysses 2 (the group's defaults) rc=$? at ${SECONDS}s"
+  grep -h "split: " $OUT/f2k-u2.log | head -1 | cut -c1-250
   ;;
 fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses
   # (worker/group/ulysses.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the
