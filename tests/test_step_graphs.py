@@ -176,7 +176,7 @@ def test_the_lever_on_a_cpu_worker_says_it_needs_a_gpu_and_changes_nothing(plain
     assert all(np.array_equal(a, b) for a, b in zip(images(plain, 1), got, strict=True))
 
 
-def test_a_flux_groups_transformer_is_graphed_whole_and_released_before_the_group_is_left():
+def test_a_flux_groups_transformer_is_graphed_whole_and_released_before_the_group_is_left(caplog):
     """A Ulysses group graphs every transformer call (its all-to-alls inside: on a GPU the graph
     holds NCCL's communicators), and drops the graphs before its process group is destroyed."""
     from test_speedups import TINY_FLUX
@@ -191,6 +191,9 @@ def test_a_flux_groups_transformer_is_graphed_whole_and_released_before_the_grou
 
     pipe = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
     plain = image(pipe)
+    with caplog.at_level(logging.INFO, logger="diffq.worker"):
+        assert step_graphs.install(pipe.transformer, ALL_ROWS) is None  # what a CPU group gets
+    assert caplog.messages == ["speedups: cuda-graphs needs the transformer on a CUDA GPU; this one runs without them"]
     graphs = ReplayedOnCpu(pipe.transformer, max_rows=ALL_ROWS)
     assert step_graphs.installed(pipe) is graphs
     graphed = image(pipe)

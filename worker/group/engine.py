@@ -50,10 +50,10 @@ log = logging.getLogger("diffq.group")
 #: transformer call as one CUDA graph
 GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs"
 #: a FLUX call's rows are its images (no CFG batch): every call of a Ulysses group is graphed.
-#: Why (2 H100s, FLUX 1024², 28 steps, compiled blocks, docs/groups.md): each rank launches the
-#: split's all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the
-#: host: 2.59 s per image against 2.84 s without graphs (3.41-3.44 s in other calls of one
-#: process) and one GPU's 3.95 s; the graphs added 0.07 GiB at peak
+#: Why (FLUX 1024², 28 steps, compiled blocks, docs/groups.md): each rank launches the split's
+#: all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the host:
+#: Ulysses 2 took 2.58 s per image against 2.70 s without graphs (2 H100s), Ulysses 4 1.54 s
+#: against 3.37 s (4 H100s; one GPU 3.96 s); the graphs added 0.07 GiB at peak
 ALL_ROWS = 1 << 30
 
 

@@ -57,7 +57,7 @@ class StepGraphs:
 
     def __init__(self, module: torch.nn.Module, max_rows: int = MAX_ROWS) -> None:
         self.eager = module.forward
-        self.name = "the UNet" if "UNet" in type(module).__name__ else "the transformer"
+        self.name = _name(module)
         self.max_rows = max_rows
         self.graphs: dict[str, tuple[Any, list[Any], Any]] = {}
         self.captures = 0
@@ -141,6 +141,11 @@ class StepGraphs:
         graph.replay()
 
 
+def _name(module: torch.nn.Module) -> str:
+    """What the log calls the graphed module."""
+    return "the UNet" if "UNet" in type(module).__name__ else "the transformer"
+
+
 def _key(leaves: list[Any], spec: Any) -> str:
     described = [
         (tuple(x.shape), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves
@@ -152,7 +157,7 @@ def install(module: torch.nn.Module, max_rows: int = MAX_ROWS) -> StepGraphs | N
     """Graph ``module``'s calls where it runs on a CUDA device; elsewhere nothing changes (None)."""
     weight = next(module.parameters(), None)
     if weight is None or weight.device.type != "cuda":
-        log.info("speedups: cuda-graphs needs the UNet on a CUDA GPU; this one runs without them")
+        log.info("speedups: cuda-graphs needs %s on a CUDA GPU; this one runs without them", _name(module))
         return None
     return StepGraphs(module, max_rows=max_rows)
 
