@@ -12,6 +12,8 @@ the two places before the real CLI runs, so the worker under test is otherwise t
   exists, after its images are written (a disk that fills up in between).
 - ``HELD_TAKEN=<file>``: each job the worker takes waits, before its execution is registered
   (in RQ's intermediate list), until ``<file>`` exists (a worker killed as it takes a job).
+- ``HELD_STEP=<file>``: each job's denoising waits after its third step (saved to Redis) until ``<file>`` exists
+  (a job that is still running however long a test looks at it).
 - ``HELD_LEASE_TTL=<s>``: GPU leases live this long instead of 30 s, so a test can outwait one.
 - ``HELD_STATE=<file>``: written (``loading`` / ``writing`` / ``recording``) when the worker
   reaches the hold.
@@ -66,6 +68,19 @@ def install() -> None:
             return real_record(*args, **kwargs)
 
         task._record = record  # type: ignore[assignment]
+    step_flag = os.environ.get("HELD_STEP")
+    if step_flag:
+        import worker.serving.task as task
+
+        real_on_step = task._on_step
+
+        def on_step(ctx, progress, step, steps):  # type: ignore[no-untyped-def]
+            real_on_step(ctx, progress, step, steps)
+            if step >= 3:
+                progress.update(force=True)  # the step shows in Redis while the job waits
+                hold(step_flag, "denoising")
+
+        task._on_step = on_step  # type: ignore[assignment]
     if load_flag:
         from worker.pipelines.warm import WarmPipelines
 

@@ -43,7 +43,9 @@ def dashboard(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
 def test_workers_page_shows_the_running_job(env, conn, tmp_path):
     rows = write_csv(tmp_path / "p.csv", "prompt\nshown on the dashboard\n")
     assert producer("enqueue", rows, *SLOW, "--output", tmp_path / "out").exit_code == 0
-    worker = start_worker(env, tmp_path / "w.log", "--name", "diffq-gpu0-test")
+    # the job stays at its third step while the dashboard starts and a browser renders it
+    held = {**env, "HELD_STEP": str(tmp_path / "never")}
+    worker = start_worker(held, tmp_path / "w.log", "--name", "diffq-gpu0-test")
     port = free_port()
     dash = dashboard({**env, "RQ_DASHBOARD_PASSWORD": "s3cret"}, "--port", str(port))
     root = f"http://127.0.0.1:{port}/0/data"

@@ -27,6 +27,7 @@ SEAMS = [
     (task, "_count_attempt"),
     (task, "_save"),
     (task, "_record"),
+    (task, "_on_step"),
     (WarmPipelines, "generate"),
     (WarmPipelines, "get"),
 ]
