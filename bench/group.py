@@ -77,6 +77,26 @@ def main() -> None:
         help="experiment, on diffusers' Ulysses split: the single-stream blocks' exchanges overlapped with "
         "their MLP (bench/context_parallel.py)",
     )
+    ap.add_argument(
+        "--cp-ring",
+        action="store_true",
+        help="experiment, on a Ulysses-only FLUX layout: diffusers' ring attention over the same ranks instead "
+        "(each rank's key and value gathered while it attends to its own; needs --attention _native_flash or "
+        "_native_cudnn, which return the log-sum-exp the ring merges with)",
+    )
+    ap.add_argument(
+        "--attention",
+        help="experiment: the transformer's diffusers attention backend (e.g. _native_flash, _native_cudnn), on "
+        "one GPU and in a group",
+    )
+    ap.add_argument(
+        "--overlap-gather",
+        action="store_true",
+        help="experiment: Inductor issues each collective as soon as its input is made and waits at the first "
+        "use of its result (its raise_comms and sink_waits passes), so a ring's local attention runs while the "
+        "peer's key and value arrive (read in the output code on 2 CPU ranks: by default the gather is issued "
+        "after the local attention)",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -111,6 +131,11 @@ def main() -> None:
             "sink_waits",
             "raise_comms",
         ]
+    if args.overlap_gather:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.reorder_for_compute_comm_overlap = True
+        inductor_config.reorder_for_compute_comm_overlap_passes = ["sink_waits", "raise_comms"]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = GroupLayout(
@@ -132,12 +157,27 @@ def main() -> None:
 
     if args.xdit:
         ulysses.takes = lambda _layout: False  # the engine's other FLUX branch: xDiT
+    if args.attention and world == 1:
+        engine.loaded.pipe.transformer.set_attention_backend(args.attention)
+    if args.cp_ring or (args.attention and world > 1):
+        from diffusers import ContextParallelConfig
+
+        def split_as(pipe, degree: int, model: str) -> None:
+            if args.attention:
+                pipe.transformer.set_attention_backend(args.attention)
+            config = ContextParallelConfig(ring_degree=degree) if args.cp_ring else ContextParallelConfig(ulysses_degree=degree)
+            with ulysses._cpu_counts_as_one_device():
+                pipe.transformer.enable_parallelism(config=config)
+
+        ulysses.split = split_as
     engine.split()
     if args.cp_chunks and not engine.ulysses_split:
         raise SystemExit("--cp-chunks changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
     split = "xdit" if layout.model_parallel and not engine.ulysses_split else "diffq"
     if engine.ulysses_split:
-        split = "diffusers"
+        split = "diffusers, ring" if args.cp_ring else "diffusers"
+        if args.attention:
+            split += f", attention {args.attention}"
         if args.cp_chunks:
             from context_parallel import exchange_in_parts
 
@@ -212,6 +252,7 @@ def main() -> None:
             "graph_steps": graphs.replays if graphs is not None else None,
             "product_graphs": engine.graphs_hold_collectives,
             "comm_overlap": args.comm_overlap,
+            "overlap_gather": args.overlap_gather,
             "split": split,
             "torch": torch.__version__,
         }

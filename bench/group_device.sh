@@ -19,6 +19,7 @@
 #   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 (xDiT) under torch.profiler; diffusers' own Ulysses, ours in parts; comm overlap
 #   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
 #   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
+#   bash bench/group_device.sh fluxring  # FLUX 1024² on 2 GPUs: diffusers' ring (its gather overlapped with local attention) against the product's Ulysses; cuDNN attention
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -215,6 +216,25 @@ fluxoverlap)  # issue 46: the single-stream blocks' all-to-alls (2/3 of the spli
     echo "${v%%:*} rc=$? ended $(date +%s.%N | cut -c1-12) at ${SECONDS}s"; grep -h "destroyed" $OUT/${v%%:*}.log
   done
   for f in $OUT/*.log; do tail -n 2 "$f" | cut -c1-400; done
+  ;;
+fluxring)  # issue 46: diffusers' ring attention in place of Ulysses on the same 2 ranks, with Inductor issuing
+  # each rank's key/value gather before its local attention and waiting after it (--overlap-gather), under the
+  # group's CUDA graphs; and cuDNN's attention (the ring needs a backend that returns the log-sum-exp)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  C=vae-fp16,compile-blocks
+  DIFFQ_SPEEDUPS=$C timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for v in "flux-u2-product:" "flux-r2-flash-overlap:--cp-ring --attention _native_flash --overlap-gather" \
+           "flux-r2-cudnn-overlap:--cp-ring --attention _native_cudnn --overlap-gather" \
+           "flux-1gpu-cudnn:--attention _native_cudnn" "flux-r2-flash:--cp-ring --attention _native_flash" \
+           "flux-u2-cudnn:--attention _native_cudnn"; do
+    [ $SECONDS -lt 470 ] || break
+    l=${v%%:*}; n=2; [ "${l#flux-1gpu}" != "$l" ] && n=1
+    d="--ulysses-degree 2"; e=DIFFQ_SPEEDUPS=auto; [ $n = 1 ] && { d=""; e=DIFFQ_SPEEDUPS=$C; }
+    env $e timeout $((550 - SECONDS)) $TR --nproc-per-node $n bench/group.py $F $d --runs 3 ${v#*:} \
+      --compare /tmp/flux1.npy --out $R --label $l > $OUT/$l.log 2>&1
+    echo "$l rc=$? at ${SECONDS}s"; grep -h "split: " $OUT/$l.log | head -1 | cut -c1-200
+  done
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault
