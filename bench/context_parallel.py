@@ -3,7 +3,7 @@
 MLP (``--overlap``).
 
 The product splits a Ulysses-only FLUX group with diffusers' own context parallelism
-(:mod:`worker.group.ulysses`), whose exchange waits for each all-to-all where it is issued. With
+(:mod:`worker.group.token_split`), whose exchange waits for each all-to-all where it is issued. With
 ``chunks`` parts (``ChunkedUlysses``) the heads go in parts: every part's query/key/value
 all-to-all is issued before the first attention, and each part's output goes back while the next
 part's attention runs. On 2 CPU ranks (2026-11-27, ``TORCH_LOGS=output_code``) a compiled
@@ -116,7 +116,7 @@ class ChunkedUlysses(FluxAttnProcessor):
 
 def exchange_in_parts(pipe: Any, ulysses_degree: int, chunks: int) -> None:
     """Put :class:`ChunkedUlysses` on every attention of ``pipe``'s transformer, already split
-    by :func:`worker.group.ulysses.split` (which still splits the tokens and gathers the output)."""
+    by :func:`worker.group.token_split.split` (which still splits the tokens and gathers the output)."""
     transformer = pipe.transformer
     heads = transformer.config.num_attention_heads
     if heads % (chunks * ulysses_degree):

@@ -1,8 +1,8 @@
 """Bare latency of one group's parallel pipeline, under torchrun, without Redis.
 
 Every rank builds the same :class:`worker.group.engine.RankEngine` the group worker uses (so
-the split is the real one: our CFG parallel for SDXL; for FLUX diffusers' Ulysses alone, xDiT's
-otherwise) and calls
+the split is the real one: our CFG parallel for SDXL; for FLUX diffusers' Ulysses or ring alone,
+xDiT's otherwise) and calls
 its ``run`` in lockstep; rank 0 times each call between barriers. One JSON line per batch size
 goes to ``--out``; rank 0 also saves the first batch's images as ``--save`` (for equality checks) and
 compares them with ``--compare`` when given.
@@ -78,24 +78,15 @@ def main() -> None:
         "their MLP (bench/context_parallel.py)",
     )
     ap.add_argument(
-        "--cp-ring",
-        action="store_true",
-        help="experiment, on a Ulysses-only FLUX layout: diffusers' ring attention over the same ranks instead "
-        "(each rank's key and value gathered while it attends to its own; needs --attention _native_flash or "
-        "_native_cudnn, which return the log-sum-exp the ring merges with)",
-    )
-    ap.add_argument(
         "--attention",
         help="experiment: the transformer's diffusers attention backend (e.g. _native_flash, _native_cudnn), on "
-        "one GPU and in a group",
+        "one GPU and in a group (set after the group's split, over the one it chose)",
     )
     ap.add_argument(
-        "--overlap-gather",
+        "--no-overlap-gather",
         action="store_true",
-        help="experiment: Inductor issues each collective as soon as its input is made and waits at the first "
-        "use of its result (its raise_comms and sink_waits passes), so a ring's local attention runs while the "
-        "peer's key and value arrive (read in the output code on 2 CPU ranks: by default the gather is issued "
-        "after the local attention)",
+        help="experiment, on a ring: Inductor's default order (the peers' keys and values gathered after the "
+        "local attention), not the product's",
     )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
@@ -131,11 +122,6 @@ def main() -> None:
             "sink_waits",
             "raise_comms",
         ]
-    if args.overlap_gather:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.reorder_for_compute_comm_overlap = True
-        inductor_config.reorder_for_compute_comm_overlap_passes = ["sink_waits", "raise_comms"]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = GroupLayout(
@@ -153,31 +139,25 @@ def main() -> None:
     started = time.perf_counter()
     engine.load(args.model)
     dist.barrier()
-    from worker.group import ulysses
+    from worker.group import token_split
 
     if args.xdit:
-        ulysses.takes = lambda _layout: False  # the engine's other FLUX branch: xDiT
-    if args.attention and world == 1:
-        engine.loaded.pipe.transformer.set_attention_backend(args.attention)
-    if args.cp_ring or (args.attention and world > 1):
-        from diffusers import ContextParallelConfig
-
-        def split_as(pipe, degree: int, model: str) -> None:
-            if args.attention:
-                pipe.transformer.set_attention_backend(args.attention)
-            config = ContextParallelConfig(ring_degree=degree) if args.cp_ring else ContextParallelConfig(ulysses_degree=degree)
-            with ulysses._cpu_counts_as_one_device():
-                pipe.transformer.enable_parallelism(config=config)
-
-        ulysses.split = split_as
+        token_split.takes = lambda _layout: None  # the engine's other FLUX branch: xDiT
+    if args.no_overlap_gather:
+        token_split._overlap_gathers = lambda: None
     engine.split()
-    if args.cp_chunks and not engine.ulysses_split:
-        raise SystemExit("--cp-chunks changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
-    split = "xdit" if layout.model_parallel and not engine.ulysses_split else "diffq"
-    if engine.ulysses_split:
-        split = "diffusers, ring" if args.cp_ring else "diffusers"
-        if args.attention:
-            split += f", attention {args.attention}"
+    if args.attention:
+        engine.loaded.pipe.transformer.set_attention_backend(args.attention)
+    way = engine.token_split[0] if engine.token_split else None
+    if (args.cp_chunks or args.overlap) and way != "ulysses":
+        raise SystemExit("--cp-chunks and --overlap change diffusers' Ulysses split: FLUX, --ulysses-degree only")
+    split = "xdit" if layout.model_parallel and not way else "diffq"
+    if args.attention:
+        split += f", attention {args.attention}"
+    if way:
+        split = f"diffusers, {way}" + (f", attention {args.attention}" if args.attention else "")
+        if way == "ring" and args.no_overlap_gather:
+            split += ", gather not overlapped"
         if args.cp_chunks:
             from context_parallel import exchange_in_parts
 
@@ -189,8 +169,6 @@ def main() -> None:
 
             blocks = overlap_exchanges(engine.loaded.pipe, compiled=compiled)
             split = f"diffusers, {blocks} single-stream blocks overlapped" + (" (compiled pieces)" if compiled else "")
-    elif args.overlap:
-        raise SystemExit("--overlap changes diffusers' Ulysses split: FLUX, --ulysses-degree over every rank only")
     load_s = time.perf_counter() - started
     graphs = None
     if args.graph_steps:
@@ -252,7 +230,6 @@ def main() -> None:
             "graph_steps": graphs.replays if graphs is not None else None,
             "product_graphs": engine.graphs_hold_collectives,
             "comm_overlap": args.comm_overlap,
-            "overlap_gather": args.overlap_gather,
             "split": split,
             "torch": torch.__version__,
         }

@@ -19,10 +19,11 @@
 #   bash bench/group_device.sh fluxprofile  # FLUX 1024², compiled blocks: 1 GPU and Ulysses 2 (xDiT) under torch.profiler; diffusers' own Ulysses, ours in parts; comm overlap
 #   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
 #   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
-#   bash bench/group_device.sh fluxring  # FLUX 1024² on 2 GPUs: diffusers' ring (its gather overlapped with local attention) against the product's Ulysses; cuDNN attention
+#   bash bench/group_device.sh fluxringq  # FLUX 1024² on 2 GPUs: the product's ring (diffusers', cuDNN, gather overlapped) against 1 GPU and Ulysses 2, through the queue, a rank killed
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
+#   bash bench/group_device.sh flux2048r  # FLUX 2048² on 2 GPUs: the product's ring against its Ulysses and one GPU
 #   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -203,7 +204,7 @@ fluxcp)  # issue 46: diffusers' own Ulysses split (2.624 s) beat xDiT's (2.835 s
   mv /tmp/logs.tgz $OUT/
   ;;
 fluxoverlap)  # issue 46: the single-stream blocks' all-to-alls (2/3 of the split's 0.30 s per image) overlapped with
-  # their MLP (worker.group.ulysses.overlap_exchanges); then both with one CUDA graph per transformer call, whose
+  # their MLP (bench/context_parallel.py overlap_exchanges); then both with one CUDA graph per transformer call, whose
   # processes now drop their graphs before the process group (do they exit by themselves?)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
   timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
@@ -217,24 +218,30 @@ fluxoverlap)  # issue 46: the single-stream blocks' all-to-alls (2/3 of the spli
   done
   for f in $OUT/*.log; do tail -n 2 "$f" | cut -c1-400; done
   ;;
-fluxring)  # issue 46: diffusers' ring attention in place of Ulysses on the same 2 ranks, with Inductor issuing
-  # each rank's key/value gather before its local attention and waiting after it (--overlap-gather), under the
-  # group's CUDA graphs; and cuDNN's attention (the ring needs a backend that returns the log-sum-exp)
+fluxring)  # issue 46: diffusers' ring attention in place of Ulysses on the same 2 ranks. Run at c730cdc, before the
+  # product took the ring, with bench flags since folded into it (--cp-ring --attention _native_cudnn --overlap-gather is
+  # now --ring-degree 2): labels flux-r2-{flash,cudnn}-overlap, flux-r2-flash, flux-u2-cudnn, flux-1gpu-cudnn
+  echo "see fluxringq: the ring is the product's --ring-degree since c730cdc"
+  ;;
+fluxringq)  # issue 46: a ring-only FLUX group as the product splits it (diffusers' ring, cuDNN's attention, the
+  # gather overlapped, each transformer call one CUDA graph): bare against 1 GPU and Ulysses 2, without the overlap,
+  # through the queue, a rank killed mid-job
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   C=vae-fp16,compile-blocks
   DIFFQ_SPEEDUPS=$C timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
     --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
-  for v in "flux-u2-product:" "flux-r2-flash-overlap:--cp-ring --attention _native_flash --overlap-gather" \
-           "flux-r2-cudnn-overlap:--cp-ring --attention _native_cudnn --overlap-gather" \
-           "flux-1gpu-cudnn:--attention _native_cudnn" "flux-r2-flash:--cp-ring --attention _native_flash" \
-           "flux-u2-cudnn:--attention _native_cudnn"; do
-    [ $SECONDS -lt 470 ] || break
-    l=${v%%:*}; n=2; [ "${l#flux-1gpu}" != "$l" ] && n=1
-    d="--ulysses-degree 2"; e=DIFFQ_SPEEDUPS=auto; [ $n = 1 ] && { d=""; e=DIFFQ_SPEEDUPS=$C; }
-    env $e timeout $((550 - SECONDS)) $TR --nproc-per-node $n bench/group.py $F $d --runs 3 ${v#*:} \
-      --compare /tmp/flux1.npy --out $R --label $l > $OUT/$l.log 2>&1
-    echo "$l rc=$? at ${SECONDS}s"; grep -h "split: " $OUT/$l.log | head -1 | cut -c1-200
+  for v in "flux-r2-product:--ring-degree 2" "flux-u2-product:--ulysses-degree 2" \
+           "flux-r2-nooverlap:--ring-degree 2 --no-overlap-gather"; do
+    timeout 120 $TR --nproc-per-node 2 bench/group.py $F --runs 3 ${v#*:} --compare /tmp/flux1.npy --out $R \
+      --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
+    grep -h "split: " $OUT/${v%%:*}.log | head -1 | cut -c1-200
   done
+  [ $SECONDS -lt 330 ] && { timeout 150 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 400 ] && { FAULT_MODEL=flux-random FAULT_DEGREES="--ring-degree 2" \
+    FAULT_ENQUEUE="--steps 28 --guidance 3.5" timeout 140 bash bench/group_fault.sh > /dev/null 2>&1; \
+    echo "fault rc=$? at ${SECONDS}s"; cat $OUT/fault.txt; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude fault.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault
@@ -277,8 +284,17 @@ flux2048g)  # issue 46: FLUX 2048² as the product splits it now (measured 2026-
     --out $R --label flux-2048-u2-product > $OUT/f2k-u2.log 2>&1; echo "2048 Ulysses 2 (the group's defaults) rc=$? at ${SECONDS}s"
   grep -h "split: " $OUT/f2k-u2.log | head -1 | cut -c1-250
   ;;
+flux2048r)  # issue 46: FLUX 2048² on 2 GPUs split as a ring (the product's --ring-degree 2) against Ulysses 2, one GPU
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 200 $TR --nproc-per-node 1 bench/group.py $F --size 2048 --runs 2 \
+    --save /tmp/flux2k.npy --out $R --label flux-2048-1gpu > $OUT/f2k-1.log 2>&1; echo "2048 1 GPU rc=$? at ${SECONDS}s"
+  for d in ring ulysses; do
+    timeout 160 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --$d-degree 2 --runs 2 --compare /tmp/flux2k.npy \
+      --out $R --label flux-2048-${d:0:1}2-product > $OUT/f2k-$d.log 2>&1; echo "2048 $d 2 rc=$? at ${SECONDS}s"
+  done
+  ;;
 fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses
-  # (worker/group/ulysses.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the
+  # (worker/group/token_split.py): 1 GPU, Ulysses 2 as the product runs it, xDiT's split for comparison, the
   # product through the queue (its overhead per job), then one CUDA graph per transformer call (bench only)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor DIFFQ_SPEEDUPS=vae-fp16,compile-blocks
   timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \

@@ -1,8 +1,10 @@
-"""FLUX split with diffusers' own Ulysses (worker/group/ulysses.py, what a Ulysses-only FLUX group
-runs) on 2 CPU ranks over gloo with a FLUX small enough for the CPU, with diffusers' attention
-exchange and with ours in parts (bench/context_parallel.py). What the GPU groups rest on: each
-rank runs half of the tokens, the image is the one process's, and a block compiles as one graph
-with the all-to-alls in it."""
+"""FLUX split with diffusers' own context parallelism (worker/group/token_split.py, what a
+Ulysses-only or ring-only FLUX group runs) on 2 CPU ranks over gloo with a FLUX small enough for
+the CPU: Ulysses with diffusers' attention exchange and with ours in parts
+(bench/context_parallel.py), and the ring with cuDNN's attention replaced by its CPU twin. What
+the GPU groups rest on: each rank runs half of the tokens, the image is the one process's, a
+block compiles as one graph with the collectives in it, and a ring block gathers the peers' keys
+and values before its local attention and waits for them after it."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import json, sys
 import numpy as np, torch, torch.distributed as dist
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
 from context_parallel import exchange_in_parts
-from worker.group.ulysses import split as ulysses_split
+from worker.group import token_split
 from worker.pipelines.models import build_flux
 
 dist.init_process_group("gloo")
@@ -43,7 +45,20 @@ alone = build_flux(**arch, t5_vocab=None, clip_vocab=None)
 first_block_tokens(alone)
 one_process = make(alone)
 pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the same weights
-ulysses_split(pipe, dist.get_world_size(), "tiny-flux")
+if exchange == "ring":
+    import diffusers.models.attention_dispatch as dispatch
+
+    def cpu_twin(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+        # cuDNN's attention as the ring calls it, on the CPU: (B, S, H, D) in and out, with the log-sum-exp
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
+        out, lse = out.transpose(1, 2).contiguous(), lse.transpose(1, 2).contiguous()
+        return (out, lse) if return_lse else out
+
+    dispatch._cudnn_attention_forward_op = cpu_twin
+    token_split.RING_DEVICES = frozenset({"cuda", "cpu"})
+token_split.split(pipe, "ring" if exchange == "ring" else "ulysses", dist.get_world_size(), "tiny-flux")
 if exchange.startswith("parts"):
     exchange_in_parts(pipe, dist.get_world_size(), int(exchange[len("parts"):]))
 first_block_tokens(pipe)
@@ -63,12 +78,15 @@ EIGHT_HEADS = {**TINY_FLUX, "transformer": {**TINY_FLUX["transformer"], "num_att
 
 
 @pytest.mark.slow  # torchrun, two FLUX pipelines per rank and a compile: half a minute each on the CPU
-@pytest.mark.parametrize("exchange", ["diffusers", "parts2"])
-def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, exchange: str) -> None:
+@pytest.mark.parametrize("exchange", ["diffusers", "parts2", "ring"])
+def test_diffusers_split_halves_the_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, exchange: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if exchange == "ring":
+        # where each compiled block issues and waits for its gather (compiled afresh: a cached graph prints no code)
+        env |= {"TORCH_LOGS": "output_code", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     run = subprocess.run(
         [*command, str(ROOT), json.dumps(EIGHT_HEADS), str(tmp_path), exchange],
         env=env,
@@ -87,3 +105,22 @@ def test_diffusers_ulysses_splits_flux_tokens_and_makes_the_one_process_image(tm
         one_process, split_image, compiled = np.load(tmp_path / f"rank{rank}.npy")
         assert np.abs(one_process - split_image).max() <= 1e-5
         assert np.abs(one_process - compiled).max() <= 1e-4
+    if exchange == "ring":
+        orders = gather_orders(run.stderr)
+        assert orders and all(order == ["gather", "attend", "wait", "attend"] for order in orders), orders
+
+
+def gather_orders(log: str) -> list[list[str]]:
+    """For each graph rank 0 compiled that gathers: its gather, attentions and wait, in the
+    order its output code runs them (only a call's line has ``.default(``)."""
+    marks = {"all_gather_into_tensor.default(": "gather", "wait_tensor.default(": "wait",
+             "_scaled_dot_product_flash_attention_for_cpu.default(": "attend"}  # fmt: skip
+    graphs: list[list[str]] = []
+    for line in log.splitlines():
+        if not line.startswith("[rank0]") or "__output_code" not in line:
+            continue
+        if "def call(self, args)" in line:
+            graphs.append([])
+        elif graphs:
+            graphs[-1] += [kind for mark, kind in marks.items() if mark in line]
+    return [graph for graph in graphs if "gather" in graph]

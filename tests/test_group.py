@@ -191,7 +191,7 @@ def tiny_flux(folder: Path, heads: int = 8) -> Path:
 def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_that_does_not_split(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
-    """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/ulysses.py;
+    """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/token_split.py;
     no xDiT): through the queue, its images are the single worker's; a job whose image tokens do
     not split over the ranks fails at once, for good, with the sizes that do."""
     model = tiny_flux(tmp_path / "tiny-flux")
@@ -223,13 +223,21 @@ def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_tha
 
 
 @pytest.mark.slow
-def test_flux_ulysses_degree_that_does_not_divide_the_heads_is_one_line_from_rank_0(
-    env: dict[str, str], conn: redis.Redis, tmp_path: Path
+@pytest.mark.parametrize(
+    ("flag", "heads", "told"),
+    [
+        ("--ulysses-degree", 3, "{model} has 3 attention heads, which do not split over 2 ranks"),
+        ("--ring-degree", 8, "the ring merges its attention with cuDNN's, which needs CUDA GPUs; on this cpu machine "
+         "use --ulysses-degree 2"),
+    ],
+)  # fmt: skip
+def test_a_flux_split_this_group_cannot_run_is_one_line_from_rank_0(
+    env: dict[str, str], conn: redis.Redis, tmp_path: Path, flag: str, heads: int, told: str
 ) -> None:
-    model = tiny_flux(tmp_path / "three-heads", heads=3)
-    result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst", timeout=120)
+    model = tiny_flux(tmp_path / "tiny-flux", heads=heads)
+    result = run_group(env, "--model", str(model), flag, "2", "--burst", timeout=120)
     assert result.returncode != 0 and "exitcode  : 2" in result.stderr, result.stderr[-3000:]
-    line = f"error: --ulysses-degree 2: {model} has 3 attention heads, which do not split over 2 ranks"
+    line = f"error: {flag} 2: " + told.format(model=model)
     assert result.stderr.count(line) == 1, result.stderr[-3000:]
 
 

@@ -7,11 +7,11 @@ How an image is split, by model family:
   half; each rank then decodes half of the batch's images and they exchange the pixels.
   xDiT 0.7.0's SDXL wrapper calls the unchanged diffusers pipeline (its UNet is not converted),
   which is why it measured slower on two GPUs than on one.
-- FLUX (a DiT): Ulysses alone over every rank is diffusers' own context parallelism
-  (:mod:`worker.group.ulysses`: its blocks compile as one graph with the all-to-alls inside;
-  faster on 2 H100s in two calls of three). Ring, PipeFusion, the parallel VAE and Ulysses beside data parallelism are
-  xDiT's: the pipeline is wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the
-  result to holds the images.
+- FLUX (a DiT): Ulysses alone or ring alone over every rank is diffusers' own context
+  parallelism (:mod:`worker.group.token_split`: its blocks compile as one graph with the
+  collectives inside; each transformer call is then one CUDA graph). PipeFusion, the parallel
+  VAE, Ulysses beside ring and either beside data parallelism are xDiT's: the pipeline is
+  wrapped in ``xFuserFluxPipeline`` and only the rank xDiT hands the result to holds the images.
 - Data parallel is ours for both: data-parallel rank ``d`` makes the ``d``-th contiguous slice
   of the batch (the same split as xDiT's), and prompts go in as embeddings so xDiT does not
   split them a second time.
@@ -31,7 +31,7 @@ from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.presets import speedup_names
 from common.settings import Settings
-from worker.group import ulysses
+from worker.group import token_split
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
 from worker.pipelines import empty_negative, step_graphs
@@ -53,7 +53,8 @@ GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-grap
 #: Why (FLUX 1024², 28 steps, compiled blocks, docs/groups.md): each rank launches the split's
 #: all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the host:
 #: Ulysses 2 took 2.58 s per image against 2.70 s without graphs (2 H100s), Ulysses 4 1.54 s
-#: against 3.37 s (4 H100s; one GPU 3.96 s); the graphs added 0.07 GiB at peak
+#: against 3.37 s (4 H100s; one GPU 3.96 s); the graphs added 0.07 GiB at peak. A ring's
+#: calls are graphed the same way (2.51 s, 2 H100s)
 ALL_ROWS = 1 << 30
 
 
@@ -66,8 +67,8 @@ class RankEngine:
         self.per_dp = world // layout.data_parallel_degree
         self.dp_rank = rank // self.per_dp
         self.holder = True  # whether this rank ends a batch with its dp group's images
-        self.ulysses_split = False  # FLUX split by diffusers' Ulysses (worker/group/ulysses.py)
-        self.graphs_hold_collectives = False  # CUDA graphs that captured NCCL's all-to-alls
+        self.token_split: tuple[str, int] | None = None  # FLUX split by diffusers (worker/group/token_split.py)
+        self.graphs_hold_collectives = False  # CUDA graphs that captured NCCL's collectives
         # a group's own defaults, measured under its splits (docs/benchmarks.md): compile-blocks
         # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
         # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
@@ -116,11 +117,13 @@ class RankEngine:
                 + ("" if flux else " (an SDXL CFG pair already decodes half of the batch's images on each rank)")
             )
         how = "data parallel" if self.layout.data_parallel_degree > 1 else "none (one rank makes each image)"
-        if flux and ulysses.takes(self.layout):
-            ulysses.split(loaded.pipe, self.layout.ulysses_degree, model)
-            self.ulysses_split = True
+        taken = token_split.takes(self.layout) if flux else None
+        if taken:
+            way, degree = taken
+            token_split.split(loaded.pipe, way, degree, model)
+            self.token_split = taken
             self.holder = self.rank == 0  # every rank ends with the whole image; one answers
-            how = f"Ulysses {self.layout.ulysses_degree} (diffusers)"
+            how = f"{way.capitalize()} {degree} (diffusers)"
             if "cuda-graphs" in loaded.speedups and step_graphs.install(loaded.pipe.transformer, ALL_ROWS):
                 self.graphs_hold_collectives = True
                 how += ", each transformer call one CUDA graph"
@@ -201,7 +204,7 @@ class RankEngine:
             from xfuser.core.distributed import init_distributed_environment
         except ImportError as exc:
             raise ConfigError(
-                "--ring-degree, --pipefusion-degree, --parallel-vae and --ulysses-degree beside "
+                "--pipefusion-degree, --parallel-vae, --ulysses-degree beside --ring-degree, and either beside "
                 f"--data-parallel-degree need xDiT: pip install xfuser==0.7.0 ({exc})"
             ) from None
         init_distributed_environment()  # xDiT's world group over the process group we made
@@ -251,8 +254,8 @@ class RankEngine:
         span = dp_slice(len(prompts), self.layout.data_parallel_degree, self.dp_rank)
         if not span:
             return None
-        if self.ulysses_split:
-            ulysses.check_size(self.loaded.pipe, self.layout.ulysses_degree, params.width, params.height)
+        if self.token_split:
+            token_split.check_size(self.loaded.pipe, *self.token_split, params.width, params.height)
         self.pipelines.use_adapter(self.loaded, params.adapter, params.adapter_scale)
         result, _fitted = run_split(
             self.loaded.pipe,

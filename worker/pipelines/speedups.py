@@ -192,7 +192,7 @@ def _apply_to_transformer(pipe: Any, speedups: Speedups, *, model: str, fp8_scal
         log.info("speedups: compile-blocks (the transformer's repeated blocks)")
     if transformer is not None and "cuda-graphs" in speedups:
         # one GPU measured no gain (3.941 against 3.950 s per FLUX image, 2 H100s, 2026-11-26)
-        log.info("speedups: cuda-graphs replays a transformer's calls only in a group split with Ulysses")
+        log.info("speedups: cuda-graphs replays a transformer's calls only in a group split with Ulysses or ring")
     return time.perf_counter() - started
 
 

@@ -13,8 +13,8 @@ CUDA graphs do not wrap, and a 2-GPU process whose compiled graphs ran under the
 after its last call. Here one graph records whatever the UNet's forward launches (compiled or
 not); a CFG pair's exchange stays outside it (the pair gathers after the UNet call).
 
-A FLUX group split with Ulysses graphs its whole transformer call, the NCCL all-to-alls inside
-(2.58 against 2.70 s per image on 2 H100s, docs/groups.md). Such a graph holds NCCL's
+A FLUX group split with Ulysses or ring graphs its whole transformer call, the NCCL
+collectives inside (Ulysses: 2.58 against 2.70 s per image on 2 H100s, docs/groups.md). Such a graph holds NCCL's
 communicators: :func:`release` drops the graphs before the group leaves its process group, else
 the process did not exit.
 
