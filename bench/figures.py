@@ -141,6 +141,11 @@ SPLIT_CALLS = {
     "fluxoverlap": ("product", "overlap", "overlap-graphsteps", "product-graphsteps"),
     "fluxgraphs": ("nographs", "product"),
 }
+#: FLUX 1024² on 2 H100s, 2026-11-28: the ring against Ulysses (whole labels, ``flux-`` left out of the figure's name)
+RING_CALLS = {
+    "fluxring": ("u2-product", "r2-flash-overlap", "r2-cudnn-overlap", "r2-flash", "u2-cudnn", "1gpu-cudnn"),
+    "fluxringq": ("r2-product", "u2-product", "r2-nooverlap"),
+}
 
 
 def _split_calls() -> dict[str, Callable[[], str]]:
@@ -158,6 +163,9 @@ def _split_calls() -> dict[str, Callable[[], str]]:
     for call, runs in SPLIT_CALLS.items():
         out[f"split.{call}.1gpu"] = lambda call=call: f"{seconds(call, 'flux-1gpu-compiled'):.3f} s"
         out |= {f"split.{call}.{r}": run(call, f"flux-u2-{r}") for r in runs}
+    for call, runs in RING_CALLS.items():
+        out[f"split.{call}.1gpu"] = lambda call=call: f"{seconds(call, 'flux-1gpu-compiled'):.3f} s"
+        out |= {f"split.{call}.{r}": run(call, f"flux-{r}") for r in runs}
     return out
 
 
@@ -364,6 +372,21 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_flux4g(),
     "graphs.flux.u2": lambda: "{:.2f} → {:.2f} s".format(
         *(_one("h100x2-fluxgraphs-call.jsonl", label=f"flux-u2-{r}")["s_per_img"] for r in ("nographs", "product"))
+    ),
+    "split.fluxringq.queue": lambda: (
+        f"{_one('h100x2-fluxringq-call.jsonl', kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %")
+    ),
+    "split.fluxringq.queue.job": lambda: (
+        f"{_one('h100x2-fluxringq-call.jsonl', kind='group-queue')['job_s_median']:.3f} s"
+    ),
+    "split.fluxringq.exit": lambda: (
+        f"{_one('h100x2-fluxringq-call.jsonl', kind='group-queue')['exit_after_last_s']:.1f} s"
+    ),
+    "group.flux2048.r2.product": lambda: _group(
+        "h100x2-flux2048r-call.jsonl", "flux-2048-1gpu", "flux-2048-r2-product"
+    ),
+    "group.flux2048.u2.product2": lambda: _group(
+        "h100x2-flux2048r-call.jsonl", "flux-2048-1gpu", "flux-2048-u2-product"
     ),
     "split.fluxgraphs.exit": lambda: (
         f"{_one('h100x2-fluxgraphs-call.jsonl', kind='group-queue')['exit_after_last_s']:.1f} s"
