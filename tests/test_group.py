@@ -227,8 +227,8 @@ def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_tha
     ("flag", "heads", "told"),
     [
         ("--ulysses-degree", 3, "{model} has 3 attention heads, which do not split over 2 ranks"),
-        ("--ring-degree", 8, "the ring merges its attention with cuDNN's, which needs CUDA GPUs; on this cpu machine "
-         "use --ulysses-degree 2"),
+        ("--ring-degree", 8, "the ring merges its attention with cuDNN's, which needs CUDA GPUs (compute capability "
+         "8.0 or later); on this cpu machine use --ulysses-degree 2"),
     ],
 )  # fmt: skip
 def test_a_flux_split_this_group_cannot_run_is_one_line_from_rank_0(

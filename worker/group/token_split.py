@@ -106,10 +106,16 @@ def split(pipe: Any, way: str, degree: int, model: str) -> None:
                 f"use a degree that divides {'both ' if len(counts) > 1 else ''}{divides}"
             )
     if way == "ring":
-        if pipe.transformer.device.type not in RING_DEVICES:
+        device = pipe.transformer.device
+        here = f"{device.type} machine"
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+            here = "GPU (compute capability {}.{})".format(*torch.cuda.get_device_capability(device))
+        elif device.type in RING_DEVICES:
+            here = ""
+        if here:
             raise ConfigError(
-                f"{flag}: the ring merges its attention with cuDNN's, which needs CUDA GPUs; "
-                f"on this {pipe.transformer.device.type} machine use --ulysses-degree {degree}"
+                f"{flag}: the ring merges its attention with cuDNN's, which needs CUDA GPUs (compute capability "
+                f"8.0 or later); on this {here} use --ulysses-degree {degree}"
             )
         pipe.transformer.set_attention_backend(RING_ATTENTION)
         _overlap_gathers()
