@@ -382,6 +382,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "split.fluxringq.exit": lambda: (
         f"{_one('h100x2-fluxringq-call.jsonl', kind='group-queue')['exit_after_last_s']:.1f} s"
     ),
+    "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),
+    "flux4r.u4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-u4-product"),
     "group.flux2048.r2.product": lambda: _group(
         "h100x2-flux2048r-call.jsonl", "flux-2048-1gpu", "flux-2048-r2-product"
     ),

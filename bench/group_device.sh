@@ -24,6 +24,7 @@
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
 #   bash bench/group_device.sh flux2048r  # FLUX 2048² on 2 GPUs: the product's ring against its Ulysses and one GPU
+#   bash bench/group_device.sh flux4r  # FLUX 1024² on 4 GPUs: the product's ring of 4 against its Ulysses 4 and one GPU
 #   bash bench/group_device.sh fluxsplit  # FLUX 1024²: 1 GPU, Ulysses 2 as the product splits it (diffusers) and with xDiT, through the queue, step graphs
 # Every measurement appends a JSON line to $OUT/group.jsonl; logs go to $OUT/*.log.
 set -u
@@ -291,6 +292,15 @@ flux2048r)  # issue 46: FLUX 2048² on 2 GPUs split as a ring (the product's --r
   for d in ring ulysses; do
     timeout 160 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --$d-degree 2 --runs 2 --compare /tmp/flux2k.npy \
       --out $R --label flux-2048-${d:0:1}2-product > $OUT/f2k-$d.log 2>&1; echo "2048 $d 2 rc=$? at ${SECONDS}s"
+  done
+  ;;
+flux4r)  # issue 46: FLUX 1024² on 4 GPUs as a ring of 4 (the product's --ring-degree 4) against Ulysses 4, one GPU
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for d in ring ulysses; do
+    timeout 130 $TR --nproc-per-node 4 bench/group.py $F --$d-degree 4 --runs 3 --compare /tmp/flux1.npy \
+      --out $R --label flux-${d:0:1}4-product > $OUT/flux4-$d.log 2>&1; echo "$d 4 rc=$? at ${SECONDS}s"
   done
   ;;
 fluxsplit)  # issue 46: the product's FLUX Ulysses-only groups now split with diffusers' own Ulysses

@@ -15,8 +15,9 @@ Two ways, each over every rank of the group and nothing beside it:
 Measured on 2 H100s (FLUX 1024², 28 steps, each transformer call one CUDA graph, one call,
 ``bench/results/h100x2-fluxring-call.jsonl``; docs/groups.md): one GPU 4.009 s; Ulysses 2.581 s
 (1.55×); ring with cuDNN's attention and the gather overlapped 2.513 s (1.60×); the same ring
-with the flash kernel 2.850 s, 2.929 s without the overlap. Ulysses on 4 H100s made 1.537 s
-(2.57×); the ring was not measured there.
+with the flash kernel 2.850 s, 2.929 s without the overlap. On 4 H100s Ulysses was the faster:
+1.490 s against a ring's 1.687 s (one GPU 3.927 s): a ring rank of 4 gathers three peers' keys
+and values behind a quarter of the attention.
 
 Why diffusers' split and not xDiT's (2 H100s, 2026-11-27): per image, the all-to-alls took
 0.30 s of kernel time against xDiT's 0.56 s on the rank that waited least, and a block compiles
