@@ -89,6 +89,20 @@ def _overlap_gathers() -> None:
     inductor_config.reorder_for_compute_comm_overlap_passes = ["sink_waits", "raise_comms"]
 
 
+def _check_ring_device(device: torch.device, flag: str, degree: int) -> None:
+    """Stop at start, not in the first job, where cuDNN's attention cannot run."""
+    if device.type not in RING_DEVICES:
+        here = f"{device.type} machine"
+    elif device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        here = "GPU (compute capability {}.{})".format(*torch.cuda.get_device_capability(device))
+    else:
+        return
+    raise ConfigError(
+        f"{flag}: the ring merges its attention with cuDNN's, which needs CUDA GPUs (compute capability 8.0 or "
+        f"later); on this {here} use --ulysses-degree {degree}"
+    )
+
+
 def split(pipe: Any, way: str, degree: int, model: str) -> None:
     """Split ``pipe``'s transformer ``way`` ("ulysses" or "ring") over the default process
     group's ``degree`` ranks; every rank calls this together, after the model is loaded with its
@@ -107,17 +121,7 @@ def split(pipe: Any, way: str, degree: int, model: str) -> None:
                 f"use a degree that divides {'both ' if len(counts) > 1 else ''}{divides}"
             )
     if way == "ring":
-        device = pipe.transformer.device
-        here = f"{device.type} machine"
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
-            here = "GPU (compute capability {}.{})".format(*torch.cuda.get_device_capability(device))
-        elif device.type in RING_DEVICES:
-            here = ""
-        if here:
-            raise ConfigError(
-                f"{flag}: the ring merges its attention with cuDNN's, which needs CUDA GPUs (compute capability "
-                f"8.0 or later); on this {here} use --ulysses-degree {degree}"
-            )
+        _check_ring_device(pipe.transformer.device, flag, degree)
         pipe.transformer.set_attention_backend(RING_ATTENTION)
         _overlap_gathers()
         config = ContextParallelConfig(ring_degree=degree)
