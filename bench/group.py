@@ -151,13 +151,10 @@ def main() -> None:
     way = engine.token_split[0] if engine.token_split else None
     if (args.cp_chunks or args.overlap) and way != "ulysses":
         raise SystemExit("--cp-chunks and --overlap change diffusers' Ulysses split: FLUX, --ulysses-degree only")
-    split = "xdit" if layout.model_parallel and not way else "diffq"
-    if args.attention:
-        split += f", attention {args.attention}"
+    split = f"diffusers, {way}" if way else "xdit" if layout.model_parallel else "diffq"
+    split += f", attention {args.attention}" if args.attention else ""
+    split += ", gather not overlapped" if way == "ring" and args.no_overlap_gather else ""
     if way:
-        split = f"diffusers, {way}" + (f", attention {args.attention}" if args.attention else "")
-        if way == "ring" and args.no_overlap_gather:
-            split += ", gather not overlapped"
         if args.cp_chunks:
             from context_parallel import exchange_in_parts
 
