@@ -54,7 +54,7 @@ GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-grap
 #: all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the host:
 #: Ulysses 2 took 2.58 s per image against 2.70 s without graphs (2 H100s), Ulysses 4 1.54 s
 #: against 3.37 s (4 H100s; one GPU 3.96 s); the graphs added 0.07 GiB at peak. A ring's
-#: calls are graphed the same way (2.51 s, 2 H100s)
+#: calls are graphed the same way (2.50 s, 2 H100s)
 ALL_ROWS = 1 << 30
 
 
