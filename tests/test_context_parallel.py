@@ -46,17 +46,13 @@ first_block_tokens(alone)
 one_process = make(alone)
 pipe = build_flux(**arch, t5_vocab=None, clip_vocab=None)  # the same seed: the same weights
 if exchange == "ring":
-    import diffusers.models.attention_dispatch as dispatch
+    from worker.group import ring_attention
 
-    def cpu_twin(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                 enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
-        # cuDNN's attention as the ring calls it, on the CPU: (B, S, H, D) in and out, with the log-sum-exp
-        q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
-        out, lse = out.transpose(1, 2).contiguous(), lse.transpose(1, 2).contiguous()
-        return (out, lse) if return_lse else out
+    def cpu_twin(query, key, value):
+        # cuDNN's attention as the ring calls it, on the CPU: (B, H, S, D) in and out, with the log-sum-exp
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value)
 
-    dispatch._cudnn_attention_forward_op = cpu_twin
+    ring_attention.cudnn_attention = cpu_twin
     token_split.RING_DEVICES = frozenset({"cuda", "cpu"})
 token_split.split(pipe, "ring" if exchange == "ring" else "ulysses", dist.get_world_size(), "tiny-flux")
 if exchange.startswith("parts"):
@@ -100,7 +96,8 @@ def test_diffusers_split_halves_the_flux_tokens_and_makes_the_one_process_image(
     for report in reports:  # 2 steps alone, then 2 split and 2 compiled, where a rank sees half the tokens
         whole, _, *split = report["tokens"]
         assert len(split) == 4 and all(seen * 2 == whole for seen in split)
-        assert report["processors"] == (["ChunkedUlysses"] if exchange == "parts2" else ["FluxAttnProcessor"])
+        processor = {"parts2": "ChunkedUlysses", "ring": "RingAttention"}.get(exchange, "FluxAttnProcessor")
+        assert report["processors"] == [processor]
     for rank in (0, 1):
         one_process, split_image, compiled = np.load(tmp_path / f"rank{rank}.npy")
         assert np.abs(one_process - split_image).max() <= 1e-5

@@ -123,7 +123,8 @@ class RankEngine:
             token_split.split(loaded.pipe, way, degree, model)
             self.token_split = taken
             self.holder = self.rank == 0  # every rank ends with the whole image; one answers
-            how = f"{way.capitalize()} {degree} (diffusers)"
+            by = "diffusers' split, our ring attention" if way == "ring" else "diffusers"
+            how = f"{way.capitalize()} {degree} ({by})"
             if "cuda-graphs" in loaded.speedups and step_graphs.install(loaded.pipe.transformer, ALL_ROWS):
                 self.graphs_hold_collectives = True
                 how += ", each transformer call one CUDA graph"

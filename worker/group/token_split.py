@@ -6,18 +6,20 @@ Two ways, each over every rank of the group and nothing beside it:
   back (four all-to-alls per attention layer).
 - **Ring** (``--ring-degree N``): every rank keeps its tokens' queries and gathers the others'
   keys and values while it attends to its own, then to theirs, and merges the two softmaxes by
-  their log-sum-exp. The gather is issued as soon as the keys and values exist and waited for
-  only where the peers' part is used (Inductor's ``raise_comms`` and ``sink_waits`` passes: by
-  default the compiled block issues it after the local attention, read in its output code on 2
-  CPU ranks). The merge needs an attention that returns the log-sum-exp: cuDNN's, so a ring
+  their log-sum-exp (:mod:`worker.group.ring_attention`; diffusers' split still cuts the tokens
+  and gathers the output). The gather is issued as soon as the keys and values exist and waited
+  for only where the peers' part is used (Inductor's ``raise_comms`` and ``sink_waits`` passes:
+  by default the compiled block issues it after the local attention, read in its output code on
+  2 CPU ranks). The merge needs an attention that returns the log-sum-exp: cuDNN's, so a ring
   group needs CUDA GPUs.
 
-Measured on 2 H100s (FLUX 1024², 28 steps, each transformer call one CUDA graph, one call,
-``bench/results/h100x2-fluxring-call.jsonl``; docs/groups.md): one GPU 4.009 s; Ulysses 2.581 s
-(1.55×); ring with cuDNN's attention and the gather overlapped 2.513 s (1.60×); the same ring
-with the flash kernel 2.850 s, 2.929 s without the overlap. On 4 H100s Ulysses was the faster:
-1.490 s against a ring's 1.687 s (one GPU 3.927 s): a ring rank of 4 gathers three peers' keys
-and values behind a quarter of the attention.
+Measured on 2 H100s (FLUX 1024², 28 steps, each transformer call one CUDA graph; docs/groups.md):
+one GPU 4.009 s; Ulysses 2.581 s (1.55×); diffusers' ring with cuDNN's attention and the gather
+overlapped 2.513 s (1.60×), with the flash kernel 2.850 s, 2.929 s without the overlap
+(``h100x2-fluxring-call.jsonl``); in a later call one GPU 3.894 s, diffusers' ring 2.458 s and
+this ring's own attention 2.416 s (1.61×, ``h100x2-fluxring4-call.jsonl``). On 4 H100s Ulysses
+was the faster: 1.490 s against a ring's 1.687 s (one GPU 3.927 s): a ring rank of 4 gathers
+three peers' keys and values behind a quarter of the attention.
 
 Why diffusers' split and not xDiT's (2 H100s, 2026-11-27): per image, the all-to-alls took
 0.30 s of kernel time against xDiT's 0.56 s on the rank that waited least, and a block compiles
@@ -43,10 +45,9 @@ from common.errors import ConfigError, PermanentJobError
 from worker.group.config import GroupLayout
 from worker.pipelines.generate import FLUX_TEXT_TOKENS
 
-#: the attention a ring merges with (it returns the log-sum-exp); diffusers' flash kernel made
-#: 2.850 s where this made 2.513 s (2 H100s, FLUX 1024²)
-RING_ATTENTION = "_native_cudnn"
-#: where that attention runs (the tests put its CPU twin in for it)
+#: where a ring's attention runs: cuDNN's, which returns the log-sum-exp the merge needs
+#: (worker/group/ring_attention.py; the tests put its CPU twin in for it). diffusers' flash
+#: kernel made the same ring 2.850 s where cuDNN's made 2.513 s (2 H100s, FLUX 1024²)
 RING_DEVICES = frozenset({"cuda"})
 
 
@@ -122,13 +123,24 @@ def split(pipe: Any, way: str, degree: int, model: str) -> None:
             )
     if way == "ring":
         _check_ring_device(pipe.transformer.device, flag, degree)
-        pipe.transformer.set_attention_backend(RING_ATTENTION)
         _overlap_gathers()
         config = ContextParallelConfig(ring_degree=degree)
     else:
         config = ContextParallelConfig(ulysses_degree=degree)
     with _cpu_counts_as_one_device():
         pipe.transformer.enable_parallelism(config=config)
+    if way == "ring":
+        _ring_attention(pipe)
+
+
+def _ring_attention(pipe: Any) -> None:
+    """Every attention of the transformer attends as a ring over all ranks (diffusers' split
+    still cuts the tokens and gathers the output)."""
+    import torch.distributed as dist
+
+    from worker.group.ring_attention import RingAttention
+
+    pipe.transformer.set_attn_processor(RingAttention(dist.group.WORLD))
 
 
 def check_size(pipe: Any, way: str, degree: int, width: int, height: int) -> None:

@@ -1,0 +1,112 @@
+"""A ring group's attention: each rank's queries against every rank's keys and values.
+
+diffusers' own ring (``TemplatedRingAttention`` under its ``_native_cudnn`` backend) copies each
+layer's keys and values four times on their way: into one buffer for the gather, into cuDNN's
+``[batch, heads, tokens, dim]`` layout for the local attention, and again, out of the gathered
+buffer, for the peers'. Under the profiler (2 H100s, FLUX 1024², 2026-11-28, ``fluxring3``) a
+ring rank's elementwise kernels took 0.28 s an image where one GPU's took 0.27 s for twice the
+tokens. Here the keys and values are laid out once, in cuDNN's layout, in the buffer the gather
+sends: the local attention reads its halves in place and each peer's arrive ready to attend
+(read in Inductor's output code on 2 CPU ranks: no copy between the gather and either
+attention). Measured in one call (2 H100s, FLUX 1024², ``fluxring4``): 2.416 s an image where
+diffusers' ring took 2.458 s and one GPU 3.894 s; the elementwise kernels 0.21 s a rank.
+
+The rest is the same arithmetic: attend to the local keys while the peers' come (Inductor's
+``raise_comms`` and ``sink_waits`` passes, set by :mod:`worker.group.token_split`, issue the
+gather before the local attention and wait after it), then to each peer's, and merge the
+softmaxes by their log-sum-exp in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+
+
+def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` for ``[batch, heads, tokens, dim]`` inputs: cuDNN's attention, which
+    returns the log-sum-exp the merge needs (the tests put a CPU twin here)."""
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(query, key, value, None, True, 0.0, False, False)
+    return out, lse
+
+
+def _merge(
+    out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attentions of the same queries over disjoint keys, as one: weighted by the share of
+    the softmax's mass each saw (``lse`` in fp32, ``[batch, heads, tokens, 1]``)."""
+    other, other_lse = other.float(), other_lse.float().reshape(lse.shape)
+    out = out - torch.sigmoid(other_lse - lse) * (out - other)
+    return out, lse - torch.nn.functional.logsigmoid(lse - other_lse)
+
+
+def ring_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Attention of this rank's ``[batch, tokens, heads, dim]`` queries over every rank's keys
+    and values (the group's ranks hold the tokens in rank order; attention does not care about
+    the keys' order), to the queries' shape."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    batch, tokens, heads, dim = key.shape
+    query = query.transpose(1, 2).contiguous()
+    # one buffer, written once: the gather sends it, the local attention reads its halves in place
+    kv = torch.cat([key.transpose(1, 2).flatten(), value.transpose(1, 2).flatten()])
+    gathered = funcol.all_gather_tensor(kv, 0, group)  # issued here, waited for at first use
+    kv = kv.view(2, batch, heads, tokens, dim)
+    out, lse = cudnn_attention(query, kv[0], kv[1])
+    out, lse = out.float(), lse.float().reshape(batch, heads, tokens, 1)
+    peers = gathered.view(world, 2, batch, heads, tokens, dim)
+    for step in range(1, world):
+        peer = peers[(rank + step) % world]
+        out, lse = _merge(out, lse, *cudnn_attention(query, peer[0], peer[1]))
+    return out.to(key.dtype).transpose(1, 2)
+
+
+class RingAttention(FluxAttnProcessor):
+    """diffusers' FLUX attention (projections, QK norms, text before image, rotary positions,
+    output projections) with :func:`ring_attention` over ``group`` for the attention itself.
+    diffusers' split still cuts the transformer's input tokens and gathers its output."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: Any = None,
+    ) -> Any:
+        if attention_mask is not None:
+            raise ValueError("a ring's FLUX attention takes no mask; this call has one")
+        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
+        query, key, value = (x.unflatten(-1, (-1, attn.head_dim)) for x in (query, key, value))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if attn.added_kv_proj_dim is not None:
+            encoder_query, encoder_key, encoder_value = (
+                x.unflatten(-1, (-1, attn.head_dim)) for x in (encoder_query, encoder_key, encoder_value)
+            )
+            encoder_query, encoder_key = attn.norm_added_q(encoder_query), attn.norm_added_k(encoder_key)
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        hidden_states = ring_attention(query, key, value, self.group).flatten(2, 3)
+        if encoder_hidden_states is None:
+            return hidden_states
+        encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+            [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1
+        )
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
+        return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
