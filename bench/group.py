@@ -88,6 +88,12 @@ def main() -> None:
         help="experiment, on a ring: Inductor's default order (the peers' keys and values gathered after the "
         "local attention), not the product's",
     )
+    ap.add_argument(
+        "--diffusers-ring",
+        action="store_true",
+        help="a ring group attends with diffusers' ring (TemplatedRingAttention, its _native_cudnn backend), as "
+        "the product did before 2026-11-28, not worker/group/ring_attention.py (the comparison)",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -145,6 +151,8 @@ def main() -> None:
         token_split.takes = lambda _layout: None  # the engine's other FLUX branch: xDiT
     if args.no_overlap_gather:
         token_split._overlap_gathers = lambda: None
+    if args.diffusers_ring:
+        token_split._ring_attention = lambda pipe: pipe.transformer.set_attention_backend("_native_cudnn")
     engine.split()
     if args.attention:
         engine.loaded.pipe.transformer.set_attention_backend(args.attention)
@@ -154,6 +162,7 @@ def main() -> None:
     split = f"diffusers, {way}" if way else "xdit" if layout.model_parallel else "diffq"
     split += f", attention {args.attention}" if args.attention else ""
     split += ", gather not overlapped" if way == "ring" and args.no_overlap_gather else ""
+    split += ", diffusers' ring" if way == "ring" and args.diffusers_ring else ""
     if way:
         if args.cp_chunks:
             from context_parallel import exchange_in_parts

@@ -20,6 +20,9 @@
 #   bash bench/group_device.sh fluxcp  # FLUX 1024² Ulysses 2: xDiT's split against diffusers' (profiled; NCCL P2P channels, comm reordering, step graphs)
 #   bash bench/group_device.sh fluxoverlap  # FLUX 1024²: 1 GPU, the product's Ulysses 2, with its single-stream exchanges overlapped, each with step graphs (and whether those processes exit)
 #   bash bench/group_device.sh fluxringq  # FLUX 1024² on 2 GPUs: the product's ring (diffusers', cuDNN, gather overlapped) against 1 GPU and Ulysses 2, through the queue, a rank killed
+#   bash bench/group_device.sh fluxring3  # FLUX 1024² ring of 2 and 1 GPU under the profiler; NCCL's CTA policy and channels beside the local attention
+#   bash bench/group_device.sh fluxring4  # FLUX 1024² ring of 2: the ring's own attention against diffusers' ring and 1 GPU, profiled, queued
+#   bash bench/group_device.sh fluxring5  # FLUX 2048² ring of 2 with its own attention against 1 GPU; a rank killed mid-job
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -243,6 +246,55 @@ fluxringq)  # issue 46: a ring-only FLUX group as the product splits it (diffuse
     FAULT_ENQUEUE="--steps 28 --guidance 3.5" timeout 140 bash bench/group_fault.sh > /dev/null 2>&1; \
     echo "fault rc=$? at ${SECONDS}s"; cat $OUT/fault.txt; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude fault.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxring3)  # issue 46: where a ring rank's time goes (1 GPU and the ring under the profiler), and NCCL's SMs beside
+  # the local attention: its CTA policy (1 = efficiency) and fewer channels
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled --profile /tmp/prof-1 > $OUT/flux1c.log 2>&1
+  echo "1 GPU rc=$? at ${SECONDS}s"
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 \
+    --compare /tmp/flux1.npy --out $R --label flux-r2-product --profile /tmp/prof-r2 > $OUT/flux-r2-product.log 2>&1
+  echo "ring, profiled rc=$? at ${SECONDS}s"; grep -h "nChannels\|Channel 0[0-9]/" $OUT/flux-r2-product.log | head -4 | cut -c1-200
+  for v in "flux-r2-cta1:NCCL_CTA_POLICY=1" "flux-r2-ch8:NCCL_MAX_NCHANNELS=8" "flux-r2-ch16:NCCL_MAX_NCHANNELS=16" \
+           "flux-r2-product-again:DIFFQ_NOTHING=1"; do
+    [ $SECONDS -lt 480 ] || break
+    env ${v#*:} timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 --compare /tmp/flux1.npy \
+      --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  for d in prof-1 prof-r2; do mkdir -p $OUT/$d; cp /tmp/$d/rank*.json $OUT/$d/ 2>/dev/null; done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -rf $OUT/*.log $OUT/prof-* && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxring4)  # issue 46: the ring's own attention (worker/group/ring_attention.py: keys and values laid out once, in
+  # the buffer the gather sends) against diffusers' ring and one GPU; profiled; through the queue
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 --compare /tmp/flux1.npy --out $R \
+    --label flux-r2-own --profile /tmp/prof-r2 > $OUT/flux-r2-own.log 2>&1; echo "ring (own attention), profiled rc=$? at ${SECONDS}s"
+  grep -h "split: " $OUT/flux-r2-own.log | head -1 | cut -c1-200
+  for v in "flux-r2-diffusers:--diffusers-ring" "flux-r2-own-again:"; do
+    timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} --compare /tmp/flux1.npy \
+      --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  [ $SECONDS -lt 400 ] && { timeout 130 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  mkdir -p $OUT/prof-r2; cp /tmp/prof-r2/rank*.json $OUT/prof-r2/ 2>/dev/null
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -rf $OUT/*.log $OUT/prof-* && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxring5)  # issue 46: after fluxring4 on the same machine: the ring's own attention at 2048² against one GPU, and a
+  # rank killed mid-job
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 200 $TR --nproc-per-node 1 bench/group.py $F --size 2048 --runs 2 \
+    --save /tmp/flux2k.npy --out $R --label flux-2048-1gpu > $OUT/f2k-1.log 2>&1; echo "2048 1 GPU rc=$? at ${SECONDS}s"
+  timeout 160 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --ring-degree 2 --runs 2 --compare /tmp/flux2k.npy \
+    --out $R --label flux-2048-r2-own > $OUT/f2k-ring.log 2>&1; echo "2048 ring 2 rc=$? at ${SECONDS}s"
+  grep -h "split: " $OUT/f2k-ring.log | head -1 | cut -c1-250
+  [ $SECONDS -lt 400 ] && { FAULT_MODEL=flux-random FAULT_DEGREES="--ring-degree 2" \
+    FAULT_ENQUEUE="--steps 28 --guidance 3.5" timeout 140 bash bench/group_fault.sh > /dev/null 2>&1; \
+    echo "fault rc=$? at ${SECONDS}s"; cat $OUT/fault.txt; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude fault.txt --exclude summary.txt . 2>/dev/null && \
+    rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault
