@@ -145,6 +145,8 @@ SPLIT_CALLS = {
 RING_CALLS = {
     "fluxring": ("u2-product", "r2-flash-overlap", "r2-cudnn-overlap", "r2-flash", "u2-cudnn", "1gpu-cudnn"),
     "fluxringq": ("r2-product", "u2-product", "r2-nooverlap"),
+    "fluxring3": ("r2-product", "r2-cta1", "r2-ch8", "r2-ch16", "r2-product-again"),
+    "fluxring4": ("r2-own", "r2-diffusers", "r2-own-again"),
 }
 
 
@@ -206,6 +208,26 @@ def _kernels(call: str, label: str, kind: str) -> str:
     """One kind of kernel's seconds per image, the ranks' mean, from a ``--profile`` run's line."""
     ranks = _one(f"h100x2-{call}-call.jsonl", label=label, kind="group-profile")["ranks"]
     return f"{sum(r['kernel_s_by_kind'][kind] for r in ranks) / len(ranks):.2f} s"
+
+
+def _rank_mean(call: str, label: str, field: str) -> str:
+    """One field of a ``--profile`` run's line (seconds per image), the ranks' mean."""
+    ranks = _one(f"h100x2-{call}-call.jsonl", label=label, kind="group-profile")["ranks"]
+    return f"{sum(r[field] for r in ranks) / len(ranks):.2f} s"
+
+
+def _queued(call: str) -> dict[str, Callable[[], str]]:
+    """``split.<call>.queue`` (overhead over the pipeline call), ``.queue.job`` (median seconds a
+    job) and ``.exit`` (the group's exit after the last job) from a call's queue line."""
+
+    def field(name: str) -> float:
+        return _one(f"h100x2-{call}-call.jsonl", kind="group-queue")[name]
+
+    return {
+        f"split.{call}.queue": lambda: f"{field('queue_overhead_frac'):.1%}".replace("%", " %"),
+        f"split.{call}.queue.job": lambda: f"{field('job_s_median'):.3f} s",
+        f"split.{call}.exit": lambda: f"{field('exit_after_last_s'):.1f} s",
+    }
 
 
 def _a2a(field: str) -> str:
@@ -381,6 +403,26 @@ FIGURES: dict[str, Callable[[], str]] = {
     ),
     "split.fluxringq.exit": lambda: (
         f"{_one('h100x2-fluxringq-call.jsonl', kind='group-queue')['exit_after_last_s']:.1f} s"
+    ),
+    **_queued("fluxring4"),
+    "group.flux2048.r2.own": lambda: _group("h100x2-fluxring5-call.jsonl", "flux-2048-1gpu", "flux-2048-r2-own"),
+    "prof.ring.diffusers.elementwise": lambda: _kernels("fluxring3", "flux-r2-product", "elementwise"),
+    "prof.ring.own.elementwise": lambda: _kernels("fluxring4", "flux-r2-own", "elementwise"),
+    "prof.ring.1gpu.elementwise": lambda: _kernels("fluxring3", "flux-1gpu-compiled", "elementwise"),
+    "prof.ring.own.compute": lambda: _rank_mean("fluxring4", "flux-r2-own", "compute_s"),
+    "prof.ring.1gpu.compute": lambda: _rank_mean("fluxring3", "flux-1gpu-compiled", "compute_s"),
+    "prof.ring.own.exposed": lambda: _rank_mean("fluxring4", "flux-r2-own", "collectives_exposed_s"),
+    "prof.ring.diffusers.exposed": lambda: _rank_mean("fluxring3", "flux-r2-product", "collectives_exposed_s"),
+    "prof.ring.own.gemm": lambda: _kernels("fluxring4", "flux-r2-own", "gemm"),
+    "prof.ring.1gpu.gemm": lambda: _kernels("fluxring3", "flux-1gpu-compiled", "gemm"),
+    "prof.ring.own.attention": lambda: _kernels("fluxring4", "flux-r2-own", "attention"),
+    "prof.ring.1gpu.attention": lambda: _kernels("fluxring3", "flux-1gpu-compiled", "attention"),
+    "prof.ring.own.unsplit": lambda: "{:.2f} s".format(
+        sum(
+            sum(r[f] for r in _one("h100x2-fluxring4-call.jsonl", label="flux-r2-own", kind="group-profile")["ranks"])
+            / 2
+            for f in ("encode_prompt_s", "decode_s")
+        )
     ),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),
     "flux4r.u4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-u4-product"),
