@@ -4,12 +4,14 @@ the CPU: Ulysses with diffusers' attention exchange and with ours in parts
 (bench/context_parallel.py), and the ring with cuDNN's attention replaced by its CPU twin. What
 the GPU groups rest on: each rank runs half of the tokens, the image is the one process's, a
 block compiles as one graph with the collectives in it, and a ring block gathers the peers' keys
-and values before its local attention and waits for them after it."""
+and values before its local attention and waits for them after it. The ring's attention alone
+on 2 and 4 ranks is the whole sequence's attention."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +123,44 @@ def gather_orders(log: str) -> list[list[str]]:
         elif graphs:
             graphs[-1] += [kind for mark, kind in marks.items() if mark in line]
     return [graph for graph in graphs if "gather" in graph]
+
+
+RING = r"""
+import sys
+import torch, torch.distributed as dist
+import torch.nn.functional as F
+sys.path[:0] = [sys.argv[1]]
+from worker.group import ring_attention
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+ring_attention.cudnn_attention = lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+torch.manual_seed(0)  # every rank draws the same whole sequence: [batch, tokens, heads, dim]
+query, key, value = (torch.randn(2, 6 * world, 3, 16) for _ in range(3))
+mine = slice(6 * rank, 6 * (rank + 1))
+out = ring_attention.ring_attention(query[:, mine], key[:, mine], value[:, mine], dist.group.WORLD)
+whole = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value))).transpose(1, 2)
+error = (out - whole[:, mine]).abs().max().item()
+assert out.shape == (2, 6, 3, 16) and error < 1e-5, (out.shape, error)
+print(f"rank {rank}: {error:.2e}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_path: Path, ranks: int) -> None:
+    """Each rank's queries against every rank's keys and values (the gather, the local attention
+    and each peer's, merged by log-sum-exp) are one attention over the whole sequence."""
+    script = tmp_path / "ring.py"
+    script.write_text(RING)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    run = subprocess.run(
+        [*command, str(script), str(ROOT)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(re.findall(r"rank (\d+): ", run.stdout)) == [str(r) for r in range(ranks)], run.stdout
