@@ -424,6 +424,8 @@ FIGURES: dict[str, Callable[[], str]] = {
             for f in ("encode_prompt_s", "decode_s")
         )
     ),
+    "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
+    "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),
     "flux4r.u4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-u4-product"),
     "group.flux2048.r2.product": lambda: _group(

@@ -23,6 +23,7 @@
 #   bash bench/group_device.sh fluxring3  # FLUX 1024² ring of 2 and 1 GPU under the profiler; NCCL's CTA policy and channels beside the local attention
 #   bash bench/group_device.sh fluxring4  # FLUX 1024² ring of 2: the ring's own attention against diffusers' ring and 1 GPU, profiled, queued
 #   bash bench/group_device.sh fluxring5  # FLUX 2048² ring of 2 with its own attention against 1 GPU; a rank killed mid-job
+#   bash bench/group_device.sh flux4own  # FLUX 1024² on 4 GPUs: the product's ring of 4 (its own attention) against diffusers' ring and 1 GPU
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -295,6 +296,17 @@ fluxring5)  # issue 46: after fluxring4 on the same machine: the ring's own atte
     echo "fault rc=$? at ${SECONDS}s"; cat $OUT/fault.txt; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude fault.txt --exclude summary.txt . 2>/dev/null && \
     rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+flux4own)  # issue 46: FLUX 1024² on 4 GPUs: the product's ring of 4 with its own attention (since fluxring4) against
+  # diffusers' ring of 4 and one GPU
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for v in "flux-r4-own:" "flux-r4-diffusers:--diffusers-ring"; do
+    timeout 130 $TR --nproc-per-node 4 bench/group.py $F --ring-degree 4 --runs 3 ${v#*:} --compare /tmp/flux1.npy \
+      --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault

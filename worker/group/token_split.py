@@ -18,8 +18,9 @@ one GPU 4.009 s; Ulysses 2.581 s (1.55×); diffusers' ring with cuDNN's attentio
 overlapped 2.513 s (1.60×), with the flash kernel 2.850 s, 2.929 s without the overlap
 (``h100x2-fluxring-call.jsonl``); in a later call one GPU 3.894 s, diffusers' ring 2.458 s and
 this ring's own attention 2.416 s (1.61×, ``h100x2-fluxring4-call.jsonl``). On 4 H100s Ulysses
-was the faster: 1.490 s against a ring's 1.687 s (one GPU 3.927 s): a ring rank of 4 gathers
-three peers' keys and values behind a quarter of the attention.
+was the faster: 1.490 s against diffusers' ring's 1.687 s (one GPU 3.927 s), and our ring of 4
+made 1.602 s in a later call (one GPU 4.019 s): a ring rank of 4 gathers three peers' keys and
+values behind a quarter of the attention.
 
 Why diffusers' split and not xDiT's (2 H100s, 2026-11-27): per image, the all-to-alls took
 0.30 s of kernel time against xDiT's 0.56 s on the rank that waited least, and a block compiles
