@@ -1,7 +1,7 @@
 """A ring group's attention: each rank's queries against every rank's keys and values.
 
 diffusers' own ring (``TemplatedRingAttention`` under its ``_native_cudnn`` backend) copies each
-layer's keys and values four times on their way: into one buffer for the gather, into cuDNN's
+layer's keys and values three times on their way: into one buffer for the gather, into cuDNN's
 ``[batch, heads, tokens, dim]`` layout for the local attention, and again, out of the gathered
 buffer, for the peers'. Under the profiler (2 H100s, FLUX 1024², 2026-11-28, ``fluxring3``) a
 ring rank's elementwise kernels took 0.28 s an image where one GPU's took 0.27 s for twice the
