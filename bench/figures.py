@@ -424,6 +424,25 @@ FIGURES: dict[str, Callable[[], str]] = {
             for f in ("encode_prompt_s", "decode_s")
         )
     ),
+    **{
+        f"contention.{name}.{what}": (
+            lambda label=label, what=what: "{:.2f} s".format(
+                sum(
+                    (r["kernel_s_by_kind"][what] if what in r["kernel_s_by_kind"] else r[what])
+                    for r in _one("h200x2-fluxring6-call.jsonl", label=label, kind="group-profile")["ranks"]
+                )
+                / 2
+            )
+        )
+        for name, label in (("overlapped", "flux-r2-own"), ("alone", "flux-r2-own-nooverlap"))
+        for what in ("gemm", "compute_s", "collectives_exposed_s")
+    },
+    "contention.s": lambda: "{:.3f} s against {:.3f} s".format(
+        *(
+            _one("h200x2-fluxring6-call.jsonl", label=x, kind="group-bare")["s_per_img"]
+            for x in ("flux-r2-own", "flux-r2-own-nooverlap")
+        )
+    ),
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),

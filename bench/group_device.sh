@@ -24,6 +24,7 @@
 #   bash bench/group_device.sh fluxring4  # FLUX 1024² ring of 2: the ring's own attention against diffusers' ring and 1 GPU, profiled, queued
 #   bash bench/group_device.sh fluxring5  # FLUX 2048² ring of 2 with its own attention against 1 GPU; a rank killed mid-job
 #   bash bench/group_device.sh flux4own  # FLUX 1024² on 4 GPUs: the product's ring of 4 (its own attention) against diffusers' ring and 1 GPU
+#   bash bench/group_device.sh fluxring6  # FLUX 1024² ring of 2 profiled with its gather overlapped and not: NCCL's cost to the compute beside it
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -305,6 +306,15 @@ flux4own)  # issue 46: FLUX 1024² on 4 GPUs: the product's ring of 4 with its o
   for v in "flux-r4-own:" "flux-r4-diffusers:--diffusers-ring"; do
     timeout 130 $TR --nproc-per-node 4 bench/group.py $F --ring-degree 4 --runs 3 ${v#*:} --compare /tmp/flux1.npy \
       --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxring6)  # issue 46: do NCCL's kernels slow the compute they overlap? The ring (its own attention) profiled with
+  # the gather overlapped (the product) and not: each kind of kernel's time, beside NCCL or alone
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  for v in "flux-r2-own:" "flux-r2-own-nooverlap:--no-overlap-gather"; do
+    timeout 150 $TR --nproc-per-node 2 bench/group.py $F --runs 2 --ring-degree 2 ${v#*:} --out $R --label ${v%%:*} \
+      --profile /tmp/prof-${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
   done
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
