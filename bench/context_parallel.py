@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from diffusers.models.embeddings import apply_rotary_emb
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+
+from worker.group.ring_attention import FluxAttentionAround
 
 
 def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chunks: int) -> torch.Tensor:
@@ -70,48 +70,15 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return torch.cat(parts, dim=2)
 
 
-class ChunkedUlysses(FluxAttnProcessor):
-    """diffusers' FLUX attention (projections, QK norms, text before image, rotary positions,
-    output projections) with :func:`ulysses_attention` for the attention itself."""
+class ChunkedUlysses(FluxAttentionAround):
+    """diffusers' FLUX attention with :func:`ulysses_attention` for the attention itself."""
 
     def __init__(self, chunks: int) -> None:
         super().__init__()
         self.chunks = chunks
 
-    def __call__(
-        self,
-        attn: Any,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        image_rotary_emb: Any = None,
-    ) -> Any:
-        if attention_mask is not None:
-            raise ValueError("ChunkedUlysses: FLUX attends without a mask; this call has one")
-        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
-            attn, hidden_states, encoder_hidden_states
-        )
-        query, key, value = (x.unflatten(-1, (-1, attn.head_dim)) for x in (query, key, value))
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        if attn.added_kv_proj_dim is not None:
-            encoder_query, encoder_key, encoder_value = (
-                x.unflatten(-1, (-1, attn.head_dim)) for x in (encoder_query, encoder_key, encoder_value)
-            )
-            encoder_query, encoder_key = attn.norm_added_q(encoder_query), attn.norm_added_k(encoder_key)
-            query = torch.cat([encoder_query, query], dim=1)
-            key = torch.cat([encoder_key, key], dim=1)
-            value = torch.cat([encoder_value, value], dim=1)
-        if image_rotary_emb is not None:
-            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        hidden_states = ulysses_attention(query, key, value, self.chunks).flatten(2, 3).to(query.dtype)
-        if encoder_hidden_states is None:
-            return hidden_states
-        encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-            [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1
-        )
-        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
-        return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return ulysses_attention(query, key, value, self.chunks)
 
 
 def exchange_in_parts(pipe: Any, ulysses_degree: int, chunks: int) -> None:

@@ -67,14 +67,14 @@ def ring_attention(
     return out.to(key.dtype).transpose(1, 2)
 
 
-class RingAttention(FluxAttnProcessor):
+class FluxAttentionAround(FluxAttnProcessor):
     """diffusers' FLUX attention (projections, QK norms, text before image, rotary positions,
-    output projections) with :func:`ring_attention` over ``group`` for the attention itself.
-    diffusers' split still cuts the transformer's input tokens and gathers its output."""
+    output projections) around :meth:`attend`, which a split replaces: the one place that knows
+    FLUX's layout, for the ring here and for the bench's Ulysses in parts."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        super().__init__()
-        self.group = group
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``[batch, tokens, heads, dim]`` in and out."""
+        raise NotImplementedError
 
     def __call__(
         self,
@@ -85,7 +85,7 @@ class RingAttention(FluxAttnProcessor):
         image_rotary_emb: Any = None,
     ) -> Any:
         if attention_mask is not None:
-            raise ValueError("a ring's FLUX attention takes no mask; this call has one")
+            raise ValueError(f"{type(self).__name__}: FLUX attends without a mask; this call has one")
         query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
             attn, hidden_states, encoder_hidden_states
         )
@@ -102,7 +102,7 @@ class RingAttention(FluxAttnProcessor):
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        hidden_states = ring_attention(query, key, value, self.group).flatten(2, 3)
+        hidden_states = self.attend(query, key, value).flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
             return hidden_states
         encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
@@ -110,3 +110,15 @@ class RingAttention(FluxAttnProcessor):
         )
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
         return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
+
+
+class RingAttention(FluxAttentionAround):
+    """FLUX's attention with :func:`ring_attention` over ``group`` for the attention itself.
+    diffusers' split still cuts the transformer's input tokens and gathers its output."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return ring_attention(query, key, value, self.group)
