@@ -94,6 +94,12 @@ def main() -> None:
         help="a ring group attends with diffusers' ring (TemplatedRingAttention, its _native_cudnn backend), as "
         "the product did before 2026-11-28, not worker/group/ring_attention.py (the comparison)",
     )
+    ap.add_argument(
+        "--pull-gather",
+        action="store_true",
+        help="experiment, on a ring: the peers' keys and values pulled by the copy engines (bench/peer_gather.py), "
+        "not gathered by NCCL's all-gather (the product's)",
+    )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
     args = ap.parse_args()
 
@@ -152,8 +158,13 @@ def main() -> None:
     if args.no_overlap_gather:
         token_split._overlap_gathers = lambda: None
     if args.diffusers_ring:
-        token_split._ring_attention = lambda pipe: pipe.transformer.set_attention_backend("_native_cudnn")
+        token_split._ring_attention = lambda pipe: pipe.transformer.set_attention_backend("_native_cudnn") or ""
     engine.split()
+    if args.pull_gather:
+        import peer_gather
+
+        if not peer_gather.use(engine.loaded.pipe):
+            raise SystemExit("--pull-gather: this group has no ring attention (use --ring-degree)")
     if args.attention:
         engine.loaded.pipe.transformer.set_attention_backend(args.attention)
     way = engine.token_split[0] if engine.token_split else None
@@ -163,6 +174,7 @@ def main() -> None:
     split += f", attention {args.attention}" if args.attention else ""
     split += ", gather not overlapped" if way == "ring" and args.no_overlap_gather else ""
     split += ", diffusers' ring" if way == "ring" and args.diffusers_ring else ""
+    split += ", peers pulled by the copy engines" if args.pull_gather else ""
     if way:
         if args.cp_chunks:
             from context_parallel import exchange_in_parts

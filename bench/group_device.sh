@@ -25,6 +25,8 @@
 #   bash bench/group_device.sh fluxring5  # FLUX 2048² ring of 2 with its own attention against 1 GPU; a rank killed mid-job
 #   bash bench/group_device.sh flux4own  # FLUX 1024² on 4 GPUs: the product's ring of 4 (its own attention) against diffusers' ring and 1 GPU
 #   bash bench/group_device.sh fluxring6  # FLUX 1024² ring of 2 profiled with its gather overlapped and not: NCCL's cost to the compute beside it
+#   bash bench/group_device.sh copygather  # NCCL's all-gather against the copy engines' pull, alone and beside GEMMs of a FLUX block's shape
+#   bash bench/group_device.sh fluxring7  # FLUX 1024² ring of 2: the peers pulled by the copy engines (experiment) against NCCL's gather and 1 GPU
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -317,6 +319,25 @@ fluxring6)  # issue 46: do NCCL's kernels slow the compute they overlap? The rin
       --profile /tmp/prof-${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
   done
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+copygather)  # issue 46: NCCL's all-gather against a pull by the copy engines, alone and beside GEMMs (bench/copy_gather.py)
+  timeout 300 $TR --nproc-per-node 2 bench/copy_gather.py --out $R > $OUT/copygather.log 2>&1; echo "copy_gather rc=$?"
+  ;;
+fluxring7)  # issue 46: the ring's peers' keys and values pulled by the copy engines (bench/peer_gather.py,
+  # --pull-gather) against NCCL's all-gather (the product's) and one GPU; the pull profiled. On 2026-11-28 the pull was
+  # the product's default for this one call (h200x2-fluxring7-call.jsonl: NCCL's runs passed a flag, and its queue
+  # line, 8 one-image jobs, is the pull's); here each is what the flags say
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 --pull-gather --compare /tmp/flux1.npy \
+    --out $R --label flux-r2-pull --profile /tmp/prof-r2 > $OUT/flux-r2-pull.log 2>&1; echo "pulled, profiled rc=$? at ${SECONDS}s"
+  for v in "flux-r2-nccl:" "flux-r2-pull-again:--pull-gather" "flux-r2-nccl-again:"; do
+    [ $SECONDS -lt 420 ] && { timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} \
+      --compare /tmp/flux1.npy --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
+  done
+  mkdir -p $OUT/prof-r2; cp /tmp/prof-r2/rank*.json $OUT/prof-r2/ 2>/dev/null
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -rf $OUT/*.log $OUT/prof-* && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault

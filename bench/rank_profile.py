@@ -45,8 +45,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+#: the copy engines' pull of a ring's peers (worker/group/peer_gather.py): peer-to-peer copies and
+#: symmetric memory's barrier kernel; counted as a collective, so that its unhidden time shows
+PULL = ("memcpy ptop", "barrier_kernel")
+
+
 def collective_of(name: str) -> str | None:
     low = name.lower()
+    if any(needle in low for needle in PULL):
+        return "pull"
     if "nccl" not in low:
         return None
     return next((op for op, needles in COLLECTIVES if any(n in low for n in needles)), "other_nccl")

@@ -112,7 +112,8 @@ def test_diffusers_split_halves_the_flux_tokens_and_makes_the_one_process_image(
 def gather_orders(log: str) -> list[list[str]]:
     """For each graph rank 0 compiled that gathers: its gather, attentions and wait, in the
     order its output code runs them (only a call's line has ``.default(``)."""
-    marks = {"all_gather_into_tensor.default(": "gather", "wait_tensor.default(": "wait",
+    marks = {"all_gather_into_tensor.default(": "gather", "gather_peers.default(": "gather",
+             "wait_tensor.default(": "wait",
              "_scaled_dot_product_flash_attention_for_cpu.default(": "attend"}  # fmt: skip
     graphs: list[list[str]] = []
     for line in log.splitlines():
@@ -129,38 +130,50 @@ RING = r"""
 import sys
 import torch, torch.distributed as dist
 import torch.nn.functional as F
-sys.path[:0] = [sys.argv[1]]
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
 from worker.group import ring_attention
 
 dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+rank, world, how = dist.get_rank(), dist.get_world_size(), sys.argv[2]
 ring_attention.cudnn_attention = lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+gather = ring_attention.all_gather
+if how == "pull":  # the bench's experiment: the op the copy engines run on GPUs, over gloo here
+    import peer_gather
+    import torch._inductor.config as inductor_config
+
+    peer_gather.register(dist.group.WORLD)
+    gather, inductor_config.reorder_for_peak_memory = peer_gather.pull, False
 torch.manual_seed(0)  # every rank draws the same whole sequence: [batch, tokens, heads, dim]
 query, key, value = (torch.randn(2, 6 * world, 3, 16) for _ in range(3))
 mine = slice(6 * rank, 6 * (rank + 1))
-out = ring_attention.ring_attention(query[:, mine], key[:, mine], value[:, mine], dist.group.WORLD)
+ring = lambda q, k, v: ring_attention.ring_attention(q, k, v, dist.group.WORLD, gather)
 whole = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value))).transpose(1, 2)
-error = (out - whole[:, mine]).abs().max().item()
-assert out.shape == (2, 6, 3, 16) and error < 1e-5, (out.shape, error)
+for attend in [ring] + ([torch.compile(ring, fullgraph=True)] if how == "pull" else []):
+    out = attend(query[:, mine], key[:, mine], value[:, mine])
+    error = (out - whole[:, mine]).abs().max().item()
+    assert out.shape == (2, 6, 3, 16) and error < 1e-5, (out.shape, error)
 print(f"rank {rank}: {error:.2e}", flush=True)
 dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize("ranks,how", [(2, "all_gather"), (4, "all_gather"), (2, "pull")])
+def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_path: Path, ranks: int, how: str) -> None:
     """Each rank's queries against every rank's keys and values (the gather, the local attention
-    and each peer's, merged by log-sum-exp) are one attention over the whole sequence."""
+    and each peer's, merged by log-sum-exp) are one attention over the whole sequence; with the
+    product's gather, and with the bench's pull (bench/peer_gather.py), also compiled, where the
+    pull is issued before the local attention and waited for after it."""
     script = tmp_path / "ring.py"
     script.write_text(RING)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if how == "pull":
+        env |= {"TORCH_LOGS": "output_code", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     run = subprocess.run(
-        [*command, str(script), str(ROOT)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [*command, str(script), str(ROOT), how], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d+): ", run.stdout)) == [str(r) for r in range(ranks)], run.stdout
+    if how == "pull":
+        orders = gather_orders(run.stderr)
+        assert orders == [["gather", "attend", "wait", "attend"]], orders

@@ -19,6 +19,7 @@ softmaxes by their log-sum-exp in fp32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,24 +46,45 @@ def _merge(
     return out, lse - torch.nn.functional.logsigmoid(lse - other_lse)
 
 
+#: how a ring rank gets its peers' keys and values: called with this rank's buffer as soon as it
+#: exists, it returns what gives the peers' buffers (this rank's next first) where they are first
+#: read, after the local attention
+Gather = Callable[[torch.Tensor, dist.ProcessGroup], Callable[[], list[torch.Tensor]]]
+
+
+def all_gather(kv: torch.Tensor, group: dist.ProcessGroup) -> Callable[[], list[torch.Tensor]]:
+    """The process group's all-gather (NCCL's kernels on GPUs): issued here, waited for at first
+    use. The bench's pull by the copy engines (``bench/peer_gather.py``) made the same time."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    gathered = funcol.all_gather_tensor(kv, 0, group)
+
+    def peers() -> list[torch.Tensor]:
+        everyone = gathered.view(world, *kv.shape)
+        return [everyone[(rank + step) % world] for step in range(1, world)]
+
+    return peers
+
+
 def ring_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: dist.ProcessGroup
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    group: dist.ProcessGroup,
+    gather: Gather = all_gather,
 ) -> torch.Tensor:
     """Attention of this rank's ``[batch, tokens, heads, dim]`` queries over every rank's keys
     and values (the group's ranks hold the tokens in rank order; attention does not care about
     the keys' order), to the queries' shape."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
     batch, tokens, heads, dim = key.shape
     query = query.transpose(1, 2).contiguous()
     # one buffer, written once: the gather sends it, the local attention reads its halves in place
     kv = torch.cat([key.transpose(1, 2).flatten(), value.transpose(1, 2).flatten()])
-    gathered = funcol.all_gather_tensor(kv, 0, group)  # issued here, waited for at first use
+    peers = gather(kv, group)
     kv = kv.view(2, batch, heads, tokens, dim)
     out, lse = cudnn_attention(query, kv[0], kv[1])
     out, lse = out.float(), lse.float().reshape(batch, heads, tokens, 1)
-    peers = gathered.view(world, 2, batch, heads, tokens, dim)
-    for step in range(1, world):
-        peer = peers[(rank + step) % world]
+    for peer in peers():
+        peer = peer.view(2, batch, heads, tokens, dim)
         out, lse = _merge(out, lse, *cudnn_attention(query, peer[0], peer[1]))
     return out.to(key.dtype).transpose(1, 2)
 
@@ -116,9 +138,9 @@ class RingAttention(FluxAttentionAround):
     """FLUX's attention with :func:`ring_attention` over ``group`` for the attention itself.
     diffusers' split still cuts the transformer's input tokens and gathers its output."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
+    def __init__(self, group: dist.ProcessGroup, gather: Gather = all_gather) -> None:
         super().__init__()
-        self.group = group
+        self.group, self.gather = group, gather
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return ring_attention(query, key, value, self.group)
+        return ring_attention(query, key, value, self.group, self.gather)
