@@ -230,6 +230,46 @@ def _queued(call: str) -> dict[str, Callable[[], str]]:
     }
 
 
+def _pull() -> dict[str, Callable[[], str]]:
+    """The copy engines' pull against NCCL's gather (bench/peer_gather.py; 2 H200s, 2026-11-28):
+    beside GEMMs alone (``copygather``), then in a ring of 2 (``fluxring7``, one GPU in the call)."""
+    ring = "h200x2-fluxring7-call.jsonl"
+
+    def beside(case: str) -> float:
+        return _one("h200x2-copygather-call.jsonl", case=case)["s"] * 1000
+
+    def seconds(label: str) -> float:
+        return _one(ring, label=label, kind="group-bare")["s_per_img"]
+
+    def both(label: str) -> Callable[[], str]:
+        return lambda: "{:.3f} / {:.3f} s".format(seconds(label), seconds(f"{label}-again"))
+
+    def profiled(field: str) -> Callable[[], str]:
+        def text() -> str:
+            ranks = _one(ring, label="flux-r2-pull", kind="group-profile")["ranks"]
+            return f"{sum(r['kernel_s_by_kind'].get(field, r.get(field, 0.0)) for r in ranks) / len(ranks):.2f} s"
+
+        return text
+
+    return {
+        "pull.gemms": lambda: f"{beside('gemms'):.1f} ms",
+        "pull.beside.nccl": lambda: f"{beside('nccl+gemms') - beside('gemms'):.1f} ms",
+        "pull.beside.pull": lambda: f"{beside('ce+gemms') - beside('gemms'):.1f} ms",
+        "pull.1gpu": lambda: f"{seconds('flux-1gpu-compiled'):.3f} s",
+        "pull.ring.pull": both("flux-r2-pull"),
+        "pull.ring.nccl": both("flux-r2-nccl"),
+        "pull.ring.best": lambda: "{:.2f}×".format(
+            seconds("flux-1gpu-compiled") / min(seconds(x) for x in ("flux-r2-pull", "flux-r2-pull-again"))
+        ),
+        "pull.prof.gemm": profiled("gemm"),
+        "pull.prof.copy": profiled("copy"),
+        "pull.prof.idle": profiled("gpu_idle_s"),
+        "pull.prof.exposed": profiled("collectives_exposed_s"),
+        "pull.queue": lambda: f"{_one(ring, kind='group-queue')['queue_overhead_frac']:.1%}".replace("%", " %"),
+        "pull.queue.job": lambda: f"{_one(ring, kind='group-queue')['job_s_median']:.3f} s",
+    }
+
+
 def _a2a(field: str) -> str:
     """One FLUX Ulysses 2 all-to-all timed alone, NCCL's defaults (``h100x2-fluxcp-call.jsonl``)."""
     return f"{_one('h100x2-fluxcp-call.jsonl', kind='a2a', label='default', rank=0)[field]:g}"
@@ -443,6 +483,7 @@ FIGURES: dict[str, Callable[[], str]] = {
             for x in ("flux-r2-own", "flux-r2-own-nooverlap")
         )
     ),
+    **_pull(),
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),

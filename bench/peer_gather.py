@@ -9,7 +9,7 @@ shape (``bench/copy_gather.py``, ``h200x2-copygather-call.jsonl``) 57 gathers of
 7.1 ms to the GEMMs' 29.4 ms through NCCL, 3.1 ms pulled by the copy engines.
 
 What it made (FLUX 1024², ring of 2, 2 H200s, one call, ``h200x2-fluxring7-call.jsonl``): the
-same time as NCCL's gather (2.350 / 2.326 s against 2.342 / 2.363 s; one GPU 3.847 s). Profiled,
+same time as NCCL's gather (2.350 / 2.326 s against 2.341 / 2.363 s; one GPU 3.847 s). Profiled,
 the GEMMs beside it lost nothing (1.27-1.29 s a rank, as with NCCL's gather not overlapped in
 ``fluxring6``, 1.33 s overlapped), but copies took 0.045 s a rank (0.017 s with NCCL: the copy
 into the mapped buffer) and the GPU stood idle 0.155 s (0.10-0.13 s with NCCL in ``fluxring6``,
