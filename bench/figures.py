@@ -270,6 +270,45 @@ def _pull() -> dict[str, Callable[[], str]]:
     }
 
 
+def _where() -> dict[str, Callable[[], str]]:
+    """FLUX 1024² on 2 H200s, 2026-11-28: one GPU and the ring profiled with kernel names
+    (``fluxwhere``), and the ring's attention on views of tokens-first memory (``fluxring8``)."""
+    where, views = "h200x2-fluxwhere-call.jsonl", "h200x2-fluxring8-call.jsonl"
+
+    def seconds(name: str, label: str) -> float:
+        return _one(name, label=label, kind="group-bare")["s_per_img"]
+
+    def mean(name: str, label: str, read: Callable[[dict[str, Any]], float]) -> str:
+        ranks = _one(name, label=label, kind="group-profile")["ranks"]
+        return f"{sum(read(r) for r in ranks) / len(ranks):.2f} s"
+
+    def named(rank: dict[str, Any], kind: str, prefix: str) -> float:
+        return sum(s for name, s, _ in rank["top_kernels"][kind] if name.startswith(prefix))
+
+    def both(label: str) -> Callable[[], str]:
+        return lambda: "{:.3f} / {:.3f} s".format(seconds(views, label), seconds(views, f"{label}-again"))
+
+    return {
+        "where.1gpu": lambda: f"{seconds(where, 'flux-1gpu-compiled'):.3f} s",
+        "where.ring": lambda: "{:.3f} s ({:.2f}×)".format(
+            seconds(where, "flux-r2-product"), seconds(where, "flux-1gpu-compiled") / seconds(where, "flux-r2-product")
+        ),
+        "where.gemm.1gpu": lambda: mean(where, "flux-1gpu-compiled", lambda r: r["kernel_s_by_kind"]["gemm"]),
+        "where.gemm.ring": lambda: mean(where, "flux-r2-product", lambda r: r["kernel_s_by_kind"]["gemm"]),
+        "where.groupnorm": lambda: mean(
+            where,
+            "flux-r2-product",
+            lambda r: named(r, "other", "void at::native::(anonymous namespace)::RowwiseMom"),
+        ),
+        "where.decode": lambda: mean(where, "flux-r2-product", lambda r: r["decode_s"]),
+        "bshd.1gpu": lambda: f"{seconds(views, 'flux-1gpu-compiled'):.3f} s",
+        "bshd.views": both("flux-r2-bshd"),
+        "bshd.copies": both("flux-r2-bhsd"),
+        "bshd.norm": lambda: mean(views, "flux-r2-bshd", lambda r: r["kernel_s_by_kind"]["normalization"]),
+        "bshd.norm.copies": lambda: mean(where, "flux-r2-product", lambda r: r["kernel_s_by_kind"]["normalization"]),
+    }
+
+
 def _a2a(field: str) -> str:
     """One FLUX Ulysses 2 all-to-all timed alone, NCCL's defaults (``h100x2-fluxcp-call.jsonl``)."""
     return f"{_one('h100x2-fluxcp-call.jsonl', kind='a2a', label='default', rank=0)[field]:g}"
@@ -484,6 +523,7 @@ FIGURES: dict[str, Callable[[], str]] = {
         )
     ),
     **_pull(),
+    **_where(),
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),

@@ -95,6 +95,12 @@ def main() -> None:
         "the product did before 2026-11-28, not worker/group/ring_attention.py (the comparison)",
     )
     ap.add_argument(
+        "--ring-bshd",
+        action="store_true",
+        help="experiment, on a ring: cuDNN handed views of the tokens-first memory, not the product's copies into "
+        "its heads-first layout (bench/ring_bshd.py)",
+    )
+    ap.add_argument(
         "--pull-gather",
         action="store_true",
         help="experiment, on a ring: the peers' keys and values pulled by the copy engines (bench/peer_gather.py), "
@@ -159,6 +165,10 @@ def main() -> None:
         token_split._overlap_gathers = lambda: None
     if args.diffusers_ring:
         token_split._ring_attention = lambda pipe: pipe.transformer.set_attention_backend("_native_cudnn") or ""
+    if args.ring_bshd:
+        import ring_bshd
+
+        ring_bshd.use()
     engine.split()
     if args.pull_gather:
         import peer_gather
@@ -175,6 +185,7 @@ def main() -> None:
     split += ", gather not overlapped" if way == "ring" and args.no_overlap_gather else ""
     split += ", diffusers' ring" if way == "ring" and args.diffusers_ring else ""
     split += ", peers pulled by the copy engines" if args.pull_gather else ""
+    split += ", tokens-first views" if args.ring_bshd else ""
     if way:
         if args.cp_chunks:
             from context_parallel import exchange_in_parts

@@ -27,6 +27,8 @@
 #   bash bench/group_device.sh fluxring6  # FLUX 1024² ring of 2 profiled with its gather overlapped and not: NCCL's cost to the compute beside it
 #   bash bench/group_device.sh copygather  # NCCL's all-gather against the copy engines' pull, alone and beside GEMMs of a FLUX block's shape
 #   bash bench/group_device.sh fluxring7  # FLUX 1024² ring of 2: the peers pulled by the copy engines (experiment) against NCCL's gather and 1 GPU
+#   bash bench/group_device.sh fluxwhere  # FLUX 1024²: 1 GPU and the ring of 2 profiled, each kind's heaviest kernels by name
+#   bash bench/group_device.sh fluxring8  # FLUX 1024² ring of 2: cuDNN handed views of tokens-first memory (experiment) against the product's copies, and 1 GPU
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -338,6 +340,31 @@ fluxring7)  # issue 46: the ring's peers' keys and values pulled by the copy eng
   done
   mkdir -p $OUT/prof-r2; cp /tmp/prof-r2/rank*.json $OUT/prof-r2/ 2>/dev/null
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -rf $OUT/*.log $OUT/prof-* && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxwhere)  # issue 46: FLUX 1024², one GPU and the product's ring of 2 under the profiler, each kind's heaviest
+  # kernels by name (bench/rank_profile.py's top_kernels): what a ring rank runs whole that one GPU runs once
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 2 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled --profile /tmp/prof-1 > $OUT/flux1c.log 2>&1
+  echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 2 --ring-degree 2 --compare /tmp/flux1.npy --out $R \
+    --label flux-r2-product --profile /tmp/prof-r2 > $OUT/flux-r2-product.log 2>&1; echo "ring rc=$? at ${SECONDS}s"
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxring8)  # issue 46: the ring's attention handed views of tokens-first memory (--ring-bshd, bench/ring_bshd.py)
+  # against the product's heads-first copies, alternated, and one GPU; the views profiled. In the 2026-11-28 call
+  # (h200x2-fluxring8-call.jsonl) the views were the product's for that call and the copies passed a flag; here each
+  # is what the flags say
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 --ring-bshd --compare /tmp/flux1.npy \
+    --out $R --label flux-r2-bshd --profile /tmp/prof-r2 > $OUT/flux-r2-bshd.log 2>&1; echo "views, profiled rc=$? at ${SECONDS}s"
+  for v in "flux-r2-bhsd:" "flux-r2-bshd-again:--ring-bshd" "flux-r2-bhsd-again:"; do
+    [ $SECONDS -lt 430 ] && { timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} \
+      --compare /tmp/flux1.npy --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault

@@ -45,6 +45,8 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+#: kernels named per kind in a summary's ``top_kernels``
+TOP = 6
 #: the copy engines' pull of a ring's peers (worker/group/peer_gather.py): peer-to-peer copies and
 #: symmetric memory's barrier kernel; counted as a collective, so that its unhidden time shows
 PULL = ("memcpy ptop", "barrier_kernel")
@@ -125,18 +127,30 @@ def profile_call(call: Callable[[], Any], pipe: Any, rank: int, out: Path) -> di
         wall_s = time.perf_counter() - started
     for timer in timers:
         timer.restore()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # the GPU timeline also holds each ``record_function`` range (``diffq:decode`` ...): not kernels.
+    # Until 2026-11-28 (``fluxwhere``) they were counted, as "other" and inside compute's union
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.name.startswith("diffq:")
+    ]
     compute = [(e.time_range.start, e.time_range.end) for e in kernels if collective_of(e.name) is None]
     comm = [(e.time_range.start, e.time_range.end) for e in kernels if collective_of(e.name) is not None]
     busy_s = union_us(compute + comm) / 1e6
     compute_s = union_us(compute) / 1e6
     by_kind: dict[str, float] = {}
     by_collective: dict[str, float] = {}
+    by_name: dict[tuple[str, str], list[float]] = {}  # (kind, kernel name) -> [seconds, calls]
     for e in kernels:
         seconds = (e.time_range.end - e.time_range.start) / 1e6
         op = collective_of(e.name)
         if op is None:
             by_kind[kind_of(e.name)] = by_kind.get(kind_of(e.name), 0.0) + seconds
+            named = by_name.setdefault((kind_of(e.name), e.name[:100]), [0.0, 0])
+            named[0] += seconds
+            named[1] += 1
         else:
             by_collective[op] = by_collective.get(op, 0.0) + seconds
     summary = {
@@ -150,6 +164,16 @@ def profile_call(call: Callable[[], Any], pipe: Any, rank: int, out: Path) -> di
         "kernel_s_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items())},
         "collective_s_by_op": {k: round(v, 4) for k, v in sorted(by_collective.items())},
         "kernels": len(kernels),
+        # each kind's heaviest kernels by name: [name, seconds, calls]
+        "top_kernels": {
+            kind: [
+                [name, round(sec, 4), calls]
+                for (_, name), (sec, calls) in sorted(
+                    ((key, v) for key, v in by_name.items() if key[0] == kind), key=lambda kv: -kv[1][0]
+                )[:TOP]
+            ]
+            for kind in sorted(by_kind)
+        },
         **{f"{t.name}_s": round(t.seconds, 4) for t in timers},
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -136,7 +136,11 @@ from worker.group import ring_attention
 dist.init_process_group("gloo")
 rank, world, how = dist.get_rank(), dist.get_world_size(), sys.argv[2]
 ring_attention.cudnn_attention = lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
-gather = ring_attention.all_gather
+gather, attention = ring_attention.all_gather, ring_attention.ring_attention
+if how == "bshd":  # the bench's experiment: cuDNN handed views of the tokens-first memory
+    import ring_bshd
+
+    attention = ring_bshd.ring_attention_bshd
 if how == "pull":  # the bench's experiment: the op the copy engines run on GPUs, over gloo here
     import peer_gather
     import torch._inductor.config as inductor_config
@@ -146,7 +150,7 @@ if how == "pull":  # the bench's experiment: the op the copy engines run on GPUs
 torch.manual_seed(0)  # every rank draws the same whole sequence: [batch, tokens, heads, dim]
 query, key, value = (torch.randn(2, 6 * world, 3, 16) for _ in range(3))
 mine = slice(6 * rank, 6 * (rank + 1))
-ring = lambda q, k, v: ring_attention.ring_attention(q, k, v, dist.group.WORLD, gather)
+ring = lambda q, k, v: attention(q, k, v, dist.group.WORLD, gather)
 whole = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value))).transpose(1, 2)
 for attend in [ring] + ([torch.compile(ring, fullgraph=True)] if how == "pull" else []):
     out = attend(query[:, mine], key[:, mine], value[:, mine])
@@ -157,12 +161,13 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("ranks,how", [(2, "all_gather"), (4, "all_gather"), (2, "pull")])
+@pytest.mark.parametrize("ranks,how", [(2, "all_gather"), (4, "all_gather"), (2, "pull"), (2, "bshd")])
 def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_path: Path, ranks: int, how: str) -> None:
     """Each rank's queries against every rank's keys and values (the gather, the local attention
     and each peer's, merged by log-sum-exp) are one attention over the whole sequence; with the
-    product's gather, and with the bench's pull (bench/peer_gather.py), also compiled, where the
-    pull is issued before the local attention and waited for after it."""
+    product's gather, with the bench's pull (bench/peer_gather.py), also compiled, where the pull
+    is issued before the local attention and waited for after it, and on the bench's tokens-first
+    views (bench/ring_bshd.py)."""
     script = tmp_path / "ring.py"
     script.write_text(RING)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
