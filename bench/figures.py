@@ -301,6 +301,14 @@ def _where() -> dict[str, Callable[[], str]]:
             lambda r: named(r, "other", "void at::native::(anonymous namespace)::RowwiseMom"),
         ),
         "where.decode": lambda: mean(where, "flux-r2-product", lambda r: r["decode_s"]),
+        "trace.idle": lambda: f"{_one('h200x2-fluxtrace-call.jsonl', kind='trace-gaps')['idle_s'] * 1000:.0f} ms",
+        "trace.tiny": lambda: "{:.0f} ms in {:,} gaps".format(
+            _one("h200x2-fluxtrace-call.jsonl", kind="trace-gaps")["idle_s_by_gap"]["<5us"] * 1000,
+            _one("h200x2-fluxtrace-call.jsonl", kind="trace-gaps")["gaps_by_size"]["<5us"],
+        ),
+        "trace.long": lambda: "{:.0f} ms".format(
+            _one("h200x2-fluxtrace-call.jsonl", kind="trace-gaps")["idle_s_by_gap"][">=1ms"] * 1000
+        ),
         "bshd.1gpu": lambda: f"{seconds(views, 'flux-1gpu-compiled'):.3f} s",
         "bshd.views": both("flux-r2-bshd"),
         "bshd.copies": both("flux-r2-bhsd"),

@@ -29,6 +29,7 @@
 #   bash bench/group_device.sh fluxring7  # FLUX 1024² ring of 2: the peers pulled by the copy engines (experiment) against NCCL's gather and 1 GPU
 #   bash bench/group_device.sh fluxwhere  # FLUX 1024²: 1 GPU and the ring of 2 profiled, each kind's heaviest kernels by name
 #   bash bench/group_device.sh fluxring8  # FLUX 1024² ring of 2: cuDNN handed views of tokens-first memory (experiment) against the product's copies, and 1 GPU
+#   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -365,6 +366,12 @@ fluxring8)  # issue 46: the ring's attention handed views of tokens-first memory
       --compare /tmp/flux1.npy --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
   done
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxtrace)  # issue 46: where the ring's GPU stands idle inside one image: its rank 0 trace's gaps (bench/trace_gaps.py)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 200 $TR --nproc-per-node 2 bench/group.py $F --runs 2 --ring-degree 2 --out $R --label flux-r2-trace \
+    --profile /tmp/prof-r2 > $OUT/ring.log 2>&1; echo "ring rc=$? at ${SECONDS}s"
+  python3 bench/trace_gaps.py /tmp/prof-r2/rank0.trace.json.gz --label flux-r2-trace >> $R
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault
