@@ -272,8 +272,10 @@ def _pull() -> dict[str, Callable[[], str]]:
 
 def _where() -> dict[str, Callable[[], str]]:
     """FLUX 1024² on 2 H200s, 2026-11-28: one GPU and the ring profiled with kernel names
-    (``fluxwhere``), and the ring's attention on views of tokens-first memory (``fluxring8``)."""
+    (``fluxwhere``), the ring's attention on views of tokens-first memory (``fluxring8``), and
+    the decoder split by rows against every rank decoding the whole latent (``fluxdecode``)."""
     where, views = "h200x2-fluxwhere-call.jsonl", "h200x2-fluxring8-call.jsonl"
+    decode = "h200x2-fluxdecode-call.jsonl"
 
     def seconds(name: str, label: str) -> float:
         return _one(name, label=label, kind="group-bare")["s_per_img"]
@@ -287,6 +289,12 @@ def _where() -> dict[str, Callable[[], str]]:
 
     def both(label: str) -> Callable[[], str]:
         return lambda: "{:.3f} / {:.3f} s".format(seconds(views, label), seconds(views, f"{label}-again"))
+
+    def against_one(name: str, label: str) -> str:
+        """A run and its ``-again``: seconds, then each one's speedup over the call's one GPU."""
+        runs = [seconds(name, x) for x in (label, f"{label}-again")]
+        one = seconds(name, "flux-1gpu-compiled")
+        return "{:.3f} / {:.3f} s ({:.2f}× / {:.2f}×)".format(*runs, *(one / r for r in runs))
 
     return {
         "where.1gpu": lambda: f"{seconds(where, 'flux-1gpu-compiled'):.3f} s",
@@ -308,6 +316,23 @@ def _where() -> dict[str, Callable[[], str]]:
         ),
         "trace.long": lambda: "{:.0f} ms".format(
             _one("h200x2-fluxtrace-call.jsonl", kind="trace-gaps")["idle_s_by_gap"][">=1ms"] * 1000
+        ),
+        "decode.1gpu": lambda: f"{seconds(decode, 'flux-1gpu-compiled'):.3f} s",
+        "decode.split": lambda: against_one(decode, "flux-r2-splitdecode"),
+        "decode.whole": lambda: against_one(decode, "flux-r2-wholedecode"),
+        "decode.speedups": lambda: "{:.2f}-{:.2f}×".format(
+            *sorted(
+                seconds(decode, "flux-1gpu-compiled") / seconds(decode, x)
+                for x in ("flux-r2-splitdecode", "flux-r2-splitdecode-again")
+            )
+        ),
+        "decode.peak": lambda: "{:.2f} GiB against {:.2f}".format(
+            *(_one(decode, label=x)["peak_gib"] for x in ("flux-r2-splitdecode", "flux-r2-wholedecode"))
+        ),
+        "decode.2048": lambda: f"{seconds(decode, 'flux-2048-r2-splitdecode'):.3f} s",
+        "decode.2048.peak": lambda: "{:.2f} GiB against {:.2f}".format(
+            _one(decode, label="flux-2048-r2-splitdecode")["peak_gib"],
+            _one("h100x2-fluxring5-call.jsonl", label="flux-2048-r2-own")["peak_gib"],
         ),
         "bshd.1gpu": lambda: f"{seconds(views, 'flux-1gpu-compiled'):.3f} s",
         "bshd.views": both("flux-r2-bshd"),

@@ -95,6 +95,12 @@ def main() -> None:
         "the product did before 2026-11-28, not worker/group/ring_attention.py (the comparison)",
     )
     ap.add_argument(
+        "--whole-decode",
+        action="store_true",
+        help="A/B, on a Ulysses or ring group: every rank decodes the whole latent, as the product did before "
+        "2026-11-28's split decode (worker/group/split_decode.py)",
+    )
+    ap.add_argument(
         "--ring-bshd",
         action="store_true",
         help="experiment, on a ring: cuDNN handed views of the tokens-first memory, not the product's copies into "
@@ -165,6 +171,10 @@ def main() -> None:
         token_split._overlap_gathers = lambda: None
     if args.diffusers_ring:
         token_split._ring_attention = lambda pipe: pipe.transformer.set_attention_backend("_native_cudnn") or ""
+    if args.whole_decode:
+        from worker.group import split_decode
+
+        split_decode.install = lambda vae, group: False
     if args.ring_bshd:
         import ring_bshd
 
@@ -186,6 +196,7 @@ def main() -> None:
     split += ", diffusers' ring" if way == "ring" and args.diffusers_ring else ""
     split += ", peers pulled by the copy engines" if args.pull_gather else ""
     split += ", tokens-first views" if args.ring_bshd else ""
+    split += ", whole decode" if args.whole_decode else ""
     if way:
         if args.cp_chunks:
             from context_parallel import exchange_in_parts

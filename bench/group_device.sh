@@ -30,6 +30,7 @@
 #   bash bench/group_device.sh fluxwhere  # FLUX 1024²: 1 GPU and the ring of 2 profiled, each kind's heaviest kernels by name
 #   bash bench/group_device.sh fluxring8  # FLUX 1024² ring of 2: cuDNN handed views of tokens-first memory (experiment) against the product's copies, and 1 GPU
 #   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
+#   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -372,6 +373,23 @@ fluxtrace)  # issue 46: where the ring's GPU stands idle inside one image: its r
   timeout 200 $TR --nproc-per-node 2 bench/group.py $F --runs 2 --ring-degree 2 --out $R --label flux-r2-trace \
     --profile /tmp/prof-r2 > $OUT/ring.log 2>&1; echo "ring rc=$? at ${SECONDS}s"
   python3 bench/trace_gaps.py /tmp/prof-r2/rank0.trace.json.gz --label flux-r2-trace >> $R
+  ;;
+fluxdecode)  # issue 46: a token-split group's decoder split by rows over its ranks (worker/group/split_decode.py,
+  # the product's) against every rank decoding the whole latent (--whole-decode), alternated, and one GPU; then 2048²
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for v in "flux-r2-splitdecode:" "flux-r2-wholedecode:--whole-decode" "flux-r2-splitdecode-again:" \
+           "flux-r2-wholedecode-again:--whole-decode"; do
+    timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} --compare /tmp/flux1.npy \
+      --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  grep -h "split: " $OUT/flux-r2-splitdecode.log | head -1 | cut -c1-260
+  for v in "flux-2048-r2-splitdecode:" "flux-2048-r2-wholedecode:--whole-decode"; do
+    [ $SECONDS -lt 280 ] && { timeout 150 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --runs 2 --ring-degree 2 \
+      ${v#*:} --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a
   # group's defaults) and drops the graphs before leaving its process group: speed, exit, fault

@@ -202,8 +202,10 @@ def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_tha
     assert producer("enqueue", prompts, *flags, "--output", group_out).exit_code == 0
     result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst")
     assert result.returncode == 0, result.stderr[-3000:]
-    for rank in (0, 1):  # each rank says how the image is split (tests/test_context_parallel.py: half the tokens)
-        assert f"rank {rank}: FLUX model {model} split: Ulysses 2 (diffusers)" in result.stderr, result.stderr[-3000:]
+    for rank in (0, 1):  # each rank says how the image is split (tests/test_context_parallel.py: half the tokens;
+        # tests/test_split_decode.py: half the decoder's rows)
+        said = f"rank {rank}: FLUX model {model} split: Ulysses 2 (diffusers), the decoder split by rows"
+        assert said in result.stderr, result.stderr[-3000:]
     failed = FailedJobRegistry("diffq", connection=conn).get_job_ids()
     assert len(failed) == 1
     job = Job.fetch(failed[0], connection=conn, serializer=JSONSerializer)

@@ -31,7 +31,7 @@ from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.presets import speedup_names
 from common.settings import Settings
-from worker.group import token_split
+from worker.group import split_decode, token_split
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
 from worker.pipelines import empty_negative, step_graphs
@@ -125,6 +125,8 @@ class RankEngine:
             self.holder = self.rank == 0  # every rank ends with the whole image; one answers
             by = "diffusers' split, our ring attention" if way == "ring" else "diffusers"
             how = f"{way.capitalize()} {degree} ({by})"
+            if split_decode.install(loaded.pipe.vae, dist.group.WORLD):
+                how += ", the decoder split by rows"
             if "cuda-graphs" in loaded.speedups and step_graphs.install(loaded.pipe.transformer, ALL_ROWS):
                 self.graphs_hold_collectives = True
                 how += ", each transformer call one CUDA graph"

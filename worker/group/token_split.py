@@ -27,7 +27,8 @@ Why diffusers' split and not xDiT's (2 H100s, 2026-11-27): per image, the all-to
 as one graph with its collectives inside. xDiT still splits what this does not take:
 PipeFusion, its parallel VAE, Ulysses beside ring, and either beside data parallelism.
 
-Every rank ends with the whole latent and decodes it; rank 0 answers with the images. The split
+Every rank ends with the whole latent; the ranks decode it together, each its rows
+(:mod:`worker.group.split_decode`, installed by the engine), and rank 0 answers with the images. The split
 is exact: the text tokens and each job's image tokens must divide by the degree, and for
 Ulysses the attention heads too. The first are checked when the group starts, the image tokens
 when a job comes (a size that does not split is that job's permanent failure, with the sizes
