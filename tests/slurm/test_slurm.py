@@ -117,9 +117,40 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         yield cluster
     finally:
         subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True, timeout=60)
-        for pid in _pids(folder):
-            with contextlib.suppress(ProcessLookupError):  # a daemon that already went
-                os.kill(pid, signal.SIGTERM)
+        # the jobs end before the daemons: a step daemon whose slurmd went first outlived the test
+        _until_no_jobs(env, 60)
+        _stop(_pids(folder), 30)
+
+
+def _until_no_jobs(env: dict[str, str], timeout: float) -> None:
+    """Wait (at most ``timeout``) until the queue is empty or the controller does not answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, timeout=60)
+        if queue.returncode != 0 or not queue.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def _stop(pids: list[int], timeout: float) -> None:
+    """SIGTERM each daemon, then SIGKILL any still there after ``timeout``."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a daemon that already went
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def job_env(redis_url: str, cache_dir: Path, logs: Path, **extra: str) -> dict[str, str]:
