@@ -210,6 +210,15 @@ def drain(env: dict[str, str], log: Path, name: str = "DRAIN", timeout: float = 
         kill(worker)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a zombie counts: its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
     """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,19 @@ import time
 
 import pytest
 import redis
-from conftest import EXAMPLES, ROOT, SLOW, TINY_FLAGS, kill, producer, running_job, wait_for, worker_cmd, write_csv
+from conftest import (
+    EXAMPLES,
+    ROOT,
+    SLOW,
+    TINY_FLAGS,
+    alive,
+    kill,
+    producer,
+    running_job,
+    wait_for,
+    worker_cmd,
+    write_csv,
+)
 from rq import Worker
 from rq.job import Job
 from rq.registry import StartedJobRegistry
@@ -86,14 +98,6 @@ def _worker_pids(conn) -> list[int]:
     return [int(w.name.rsplit("-", 1)[1]) for w in Worker.all(connection=conn) if w.name.startswith("diffq-cpu")]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env, conn, tmp_path):
     rows = write_csv(tmp_path / "p.csv", "prompt\nfirst slow one\nsecond slow one\n")
@@ -105,7 +109,7 @@ def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env,
         wait_for(lambda: sum(bool(running_job(conn, n)) for n in names()) == 2, 180, "both children to denoise")
         children = _worker_pids(conn)
         launcher.kill()  # SIGKILL: no handler runs, nothing is sent to the children
-        wait_for(lambda: not any(_alive(pid) for pid in children), 600, "the orphaned children to exit")
+        wait_for(lambda: not any(alive(pid) for pid in children), 600, "the orphaned children to exit")
     finally:
         kill(launcher)
     queue = get_queue("diffq", conn)
@@ -121,7 +125,7 @@ def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
         wait_for(lambda: len(_worker_pids(conn)) == 2, 180, "both children to register")
         children = _worker_pids(conn)
         os.killpg(shell.pid, signal.SIGINT)  # a terminal's Ctrl-C: launcher and tee alike
-        wait_for(lambda: not any(_alive(pid) for pid in children), 120, "the children to exit")
+        wait_for(lambda: not any(alive(pid) for pid in children), 120, "the children to exit")
         assert shell.wait(60) is not None
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -149,6 +153,6 @@ def test_launch_stops_within_30s_of_sigterm_with_redis_down(env, tmp_path, aof_r
         launcher.wait(120)
         took = time.monotonic() - signalled
         print(f"launcher exited {took:.1f}s after SIGTERM with Redis down")
-        assert took < 40 and not any(_alive(pid) for pid in children)
+        assert took < 40 and not any(alive(pid) for pid in children)
     finally:
         kill(launcher)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SLOW, assert_exactly_once, free_port, producer, wait_for
+from conftest import ROOT, SLOW, alive, assert_exactly_once, free_port, producer, wait_for
 from docs_blocks import at_site, block, run_block
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
@@ -138,19 +138,11 @@ def _stop(pids: list[int], timeout: float) -> None:
         with contextlib.suppress(ProcessLookupError):  # a daemon that already went
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.2)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def job_env(redis_url: str, cache_dir: Path, logs: Path, **extra: str) -> dict[str, str]:
