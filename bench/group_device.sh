@@ -43,6 +43,22 @@ R=$OUT/group.jsonl
 TR="python3 -m torch.distributed.run --standalone"
 F="--model flux-random --steps 28 --guidance 3.5"
 S="--model sdxl-random --steps 30 --guidance 5.0"
+
+# FLUX 1024²: one compiled GPU, then a ring of 2 with flags A and B alternated (A, B, A again, B again, each while the
+# call has time), each image compared with the GPU's; A's first run also under the profiler when $5 is "profile"
+#   ring_ab LABEL_A "FLAGS_A" LABEL_B "FLAGS_B" [profile]
+ring_ab() {
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  local prof="" label flags
+  [ "${5:-}" = profile ] && prof="--profile /tmp/prof-r2"
+  for v in "$1|$2|$prof" "$3|$4|" "$1-again|$2|" "$3-again|$4|"; do
+    IFS='|' read -r label flags prof <<< "$v"
+    [ $SECONDS -lt 430 ] && { timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 $flags \
+      --compare /tmp/flux1.npy --out $R --label $label $prof > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+}
 case "$1" in
 sdxl)
   timeout 110 $TR --nproc-per-node 1 bench/group.py $S --batches 1,4 --save /tmp/sdxl1.npy --out $R --label sdxl-1gpu > $OUT/sdxl1.log 2>&1
@@ -331,15 +347,7 @@ fluxring7)  # issue 46: the ring's peers' keys and values pulled by the copy eng
   # --pull-gather) against NCCL's all-gather (the product's) and one GPU; the pull profiled. On 2026-11-28 the pull was
   # the product's default for this one call (h200x2-fluxring7-call.jsonl: NCCL's runs passed a flag, and its queue
   # line, 8 one-image jobs, is the pull's); here each is what the flags say
-  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
-    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
-  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 --pull-gather --compare /tmp/flux1.npy \
-    --out $R --label flux-r2-pull --profile /tmp/prof-r2 > $OUT/flux-r2-pull.log 2>&1; echo "pulled, profiled rc=$? at ${SECONDS}s"
-  for v in "flux-r2-nccl:" "flux-r2-pull-again:--pull-gather" "flux-r2-nccl-again:"; do
-    [ $SECONDS -lt 420 ] && { timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} \
-      --compare /tmp/flux1.npy --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
-  done
+  ring_ab flux-r2-pull --pull-gather flux-r2-nccl "" profile
   mkdir -p $OUT/prof-r2; cp /tmp/prof-r2/rank*.json $OUT/prof-r2/ 2>/dev/null
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -rf $OUT/*.log $OUT/prof-* && mv /tmp/logs.tgz $OUT/
   ;;
@@ -357,15 +365,7 @@ fluxring8)  # issue 46: the ring's attention handed views of tokens-first memory
   # against the product's heads-first copies, alternated, and one GPU; the views profiled. In the 2026-11-28 call
   # (h200x2-fluxring8-call.jsonl) the views were the product's for that call and the copies passed a flag; here each
   # is what the flags say
-  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
-    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
-  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 --ring-bshd --compare /tmp/flux1.npy \
-    --out $R --label flux-r2-bshd --profile /tmp/prof-r2 > $OUT/flux-r2-bshd.log 2>&1; echo "views, profiled rc=$? at ${SECONDS}s"
-  for v in "flux-r2-bhsd:" "flux-r2-bshd-again:--ring-bshd" "flux-r2-bhsd-again:"; do
-    [ $SECONDS -lt 430 ] && { timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} \
-      --compare /tmp/flux1.npy --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
-  done
+  ring_ab flux-r2-bshd --ring-bshd flux-r2-bhsd "" profile
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxtrace)  # issue 46: where the ring's GPU stands idle inside one image: its rank 0 trace's gaps (bench/trace_gaps.py)
@@ -376,14 +376,7 @@ fluxtrace)  # issue 46: where the ring's GPU stands idle inside one image: its r
   ;;
 fluxdecode)  # issue 46: a token-split group's decoder split by rows over its ranks (worker/group/split_decode.py,
   # the product's) against every rank decoding the whole latent (--whole-decode), alternated, and one GPU; then 2048²
-  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
-    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
-  for v in "flux-r2-splitdecode:" "flux-r2-wholedecode:--whole-decode" "flux-r2-splitdecode-again:" \
-           "flux-r2-wholedecode-again:--whole-decode"; do
-    timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${v#*:} --compare /tmp/flux1.npy \
-      --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"
-  done
+  ring_ab flux-r2-splitdecode "" flux-r2-wholedecode --whole-decode
   grep -h "split: " $OUT/flux-r2-splitdecode.log | head -1 | cut -c1-260
   for v in "flux-2048-r2-splitdecode:" "flux-2048-r2-wholedecode:--whole-decode"; do
     [ $SECONDS -lt 280 ] && { timeout 150 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --runs 2 --ring-degree 2 \
