@@ -31,6 +31,7 @@
 #   bash bench/group_device.sh fluxring8  # FLUX 1024² ring of 2: cuDNN handed views of tokens-first memory (experiment) against the product's copies, and 1 GPU
 #   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
+#   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -47,9 +48,11 @@ S="--model sdxl-random --steps 30 --guidance 5.0"
 # FLUX 1024²: one compiled GPU, then a ring of 2 with flags A and B alternated (A, B, A again, B again, each while the
 # call has time), each image compared with the GPU's; A's first run also under the profiler when $5 is "profile"
 #   ring_ab LABEL_A "FLAGS_A" LABEL_B "FLAGS_B" [profile]
+# The GPU's levers are the ring's own that apply to one GPU (modulation-once since the fluxmod call; the calls before
+# it ran both without)
 ring_ab() {
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
     --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
   local prof="" label flags
   [ "${5:-}" = profile ] && prof="--profile /tmp/prof-r2"
@@ -382,6 +385,31 @@ fluxdecode)  # issue 46: a token-split group's decoder split by rows over its ra
     [ $SECONDS -lt 280 ] && { timeout 150 $TR --nproc-per-node 2 bench/group.py $F --size 2048 --runs 2 --ring-degree 2 \
       ${v#*:} --out $R --label ${v%%:*} > $OUT/${v%%:*}.log 2>&1; echo "${v%%:*} rc=$? at ${SECONDS}s"; }
   done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxmod)  # issue 46: FLUX's modulation vectors for all of an image's steps at its first (modulation-once,
+  # worker/pipelines/modulation.py), on one GPU and in the ring of 2, each against the same levers without it, alternated
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  C=vae-fp16,compile-blocks G=vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs
+  one() { DIFFQ_SPEEDUPS=$2 timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 $3 --out $R --label $1 \
+    > $OUT/$1.log 2>&1; echo "$1 rc=$? at ${SECONDS}s"; }
+  two() { DIFFQ_SPEEDUPS=$2 timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 \
+    --compare /tmp/flux1.npy --out $R --label $1 > $OUT/$1.log 2>&1; echo "$1 rc=$? at ${SECONDS}s"; }
+  one flux-1gpu-compiled $C "--save /tmp/flux1.npy"
+  one flux-1gpu-modonce $C,modulation-once "--compare /tmp/flux1.npy"
+  if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then  # one GPU lent: its own A/B twice
+    one flux-1gpu-compiled-again $C "--compare /tmp/flux1.npy"
+    one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
+    tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+    exit 0
+  fi
+  two flux-r2-without $G
+  two flux-r2-modonce $G,modulation-once
+  [ $SECONDS -lt 400 ] && two flux-r2-without-again $G
+  [ $SECONDS -lt 440 ] && two flux-r2-modonce-again $G,modulation-once
+  [ $SECONDS -lt 480 ] && one flux-1gpu-compiled-again $C "--compare /tmp/flux1.npy"
+  [ $SECONDS -lt 520 ] && one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
+  grep -h "modulation-once\|split: " $OUT/flux-r2-modonce.log | head -3 | cut -c1-260
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a

@@ -48,6 +48,7 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "cuda-graphs": "the UNet's calls of up to 8 rows replayed as CUDA graphs (batch 1-4: where the host is the limit)",
     "empty-negative": "an empty negative prompt's half of a batch skips cross-attention (SDXL zeroes it; same images)",
     "fp8": "FP8 linears in the denoiser, static scales calibrated once (the same as --precision fp8)",
+    "modulation-once": "a FLUX image's modulation vectors for all its steps computed at its first (one GEMM a layer)",
 }
 
 #: what the denoiser computes in (``--precision`` / ``DIFFQ_PRECISION``); worker/pipelines/fp8.py

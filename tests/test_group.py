@@ -193,15 +193,20 @@ def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_tha
 ) -> None:
     """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/token_split.py;
     no xDiT): through the queue, its images are the single worker's; a job whose image tokens do
-    not split over the ranks fails at once, for good, with the sizes that do."""
+    not split over the ranks fails at once, for good, with the sizes that do. The group also
+    tables its modulation vectors (``modulation-once``, a FLUX group's default on GPUs; the
+    single worker computes them at every step)."""
     model = tiny_flux(tmp_path / "tiny-flux")
     flags = ("--model", str(model), "--width", "64", "--height", "64", "--steps", "2", "--guidance", "3.5")
     prompts = tmp_path / "prompts.csv"
     prompts.write_text("prompt,width,height\na red fox,,\nStraße im Regen,,\nan odd size,72,72\n")
     group_out = tmp_path / "out"
     assert producer("enqueue", prompts, *flags, "--output", group_out).exit_code == 0
-    result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst")
+    result = run_group(
+        {**env, "DIFFQ_SPEEDUPS": "modulation-once"}, "--model", str(model), "--ulysses-degree", "2", "--burst"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("speedups: modulation-once (an image's modulation vectors") == 2, result.stderr[-3000:]
     for rank in (0, 1):  # each rank says how the image is split (tests/test_context_parallel.py: half the tokens;
         # tests/test_split_decode.py: half the decoder's rows)
         said = f"rank {rank}: FLUX model {model} split: Ulysses 2 (diffusers), the decoder split by rows"

@@ -34,7 +34,7 @@ from common.settings import Settings
 from worker.group import split_decode, token_split
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
-from worker.pipelines import empty_negative, step_graphs
+from worker.pipelines import empty_negative, modulation, step_graphs
 from worker.pipelines.generate import BatchResult, is_flux, is_oom, run_split
 from worker.pipelines.warm import LoadedPipeline, WarmPipelines
 from worker.serving.failures import classify
@@ -47,8 +47,8 @@ log = logging.getLogger("diffq.group")
 #: applies) and replays the UNet's small calls as CUDA graphs (a CFG pair at batch 1 launches the
 #: kernels of a whole image for half the rows: the host is its limit); a FLUX group compiles its
 #: transformer's blocks (the UNet levers do not apply to it) and, split with Ulysses, replays each
-#: transformer call as one CUDA graph
-GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs"
+#: transformer call as one CUDA graph, and computes an image's modulation vectors at its first step
+GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs,modulation-once"
 #: a FLUX call's rows are its images (no CFG batch): every call of a Ulysses group is graphed.
 #: Why (FLUX 1024², 28 steps, compiled blocks, docs/groups.md): each rank launches the split's
 #: all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the host:
@@ -211,6 +211,7 @@ class RankEngine:
                 f"--data-parallel-degree need xDiT: pip install xfuser==0.7.0 ({exc})"
             ) from None
         init_distributed_environment()  # xDiT's world group over the process group we made
+        modulation.remove(pipe)  # xDiT runs its own loop (PipeFusion calls per patch); its layers compute
         args = xFuserArgs(
             model=model,
             ulysses_degree=self.layout.ulysses_degree,

@@ -29,7 +29,7 @@ import torch
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
-from worker.pipelines import empty_negative, fp8, reductions, step_graphs
+from worker.pipelines import empty_negative, fp8, modulation, reductions, step_graphs
 
 log = logging.getLogger("diffq.worker")
 
@@ -179,7 +179,8 @@ def _apply_to_transformer(pipe: Any, speedups: Speedups, *, model: str, fp8_scal
     sees whichever attention the group installs after this."""
     started = time.perf_counter()
     transformer = getattr(pipe, "transformer", None)
-    used = {"vae-fp16", "compile-blocks", "fp8", "cuda-graphs"} if transformer is not None else {"vae-fp16"}
+    dit = {"vae-fp16", "compile-blocks", "fp8", "cuda-graphs", "modulation-once"}
+    used = dit if transformer is not None else {"vae-fp16"}
     if speedups.levers - used:
         log.info(
             "speedups: %s apply to SDXL's UNet; this pipeline runs without them",
@@ -187,6 +188,9 @@ def _apply_to_transformer(pipe: Any, speedups: Speedups, *, model: str, fp8_scal
         )
     if transformer is not None and "fp8" in speedups:
         fp8.apply(pipe, model, fp8_scales, granularity=fp8.GRANULARITY)
+    if transformer is not None and "modulation-once" in speedups and modulation.install(pipe) is not None:
+        # after fp8 (which leaves these one-row layers alone), before the lazy compile traces them
+        log.info("speedups: modulation-once (an image's modulation vectors for all its steps at its first step)")
     if transformer is not None and "compile-blocks" in speedups:
         transformer.compile_repeated_blocks(fullgraph=False)
         log.info("speedups: compile-blocks (the transformer's repeated blocks)")
