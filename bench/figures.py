@@ -342,6 +342,26 @@ def _where() -> dict[str, Callable[[], str]]:
     }
 
 
+def _modulation() -> dict[str, Callable[[], str]]:
+    """``modulation-once`` against the same levers without it, alternated in one call
+    (``fluxmod``; one H200 on 2026-11-28, when no pair was lent)."""
+    name = "h200-fluxmod-call.jsonl"
+
+    def runs(label: str) -> list[float]:
+        return [_one(name, label=x, kind="group-bare")["s_per_img"] for x in (label, f"{label}-again")]
+
+    def saved() -> str:
+        without, with_ = runs("flux-1gpu-compiled"), runs("flux-1gpu-modonce")
+        gain = sum(without) / 2 - sum(with_) / 2
+        return f"{gain:.2f} s ({gain / (sum(without) / 2):.1%})".replace("%", " %")
+
+    return {
+        "mod.1gpu.without": lambda: "{:.3f} / {:.3f} s".format(*runs("flux-1gpu-compiled")),
+        "mod.1gpu.with": lambda: "{:.3f} / {:.3f} s".format(*runs("flux-1gpu-modonce")),
+        "mod.1gpu.saved": saved,
+    }
+
+
 def _a2a(field: str) -> str:
     """One FLUX Ulysses 2 all-to-all timed alone, NCCL's defaults (``h100x2-fluxcp-call.jsonl``)."""
     return f"{_one('h100x2-fluxcp-call.jsonl', kind='a2a', label='default', rank=0)[field]:g}"
@@ -557,6 +577,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     ),
     **_pull(),
     **_where(),
+    **_modulation(),
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),
