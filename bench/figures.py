@@ -344,7 +344,8 @@ def _where() -> dict[str, Callable[[], str]]:
 
 def _modulation() -> dict[str, Callable[[], str]]:
     """``modulation-once`` against the same levers without it, alternated in one call
-    (``fluxmod``; one H200 on 2026-11-28, when no pair was lent)."""
+    (``fluxmod``; one H200 on 2026-11-28, when no pair was lent), and a FLUX single worker
+    through the queue with ``auto`` as it was and as it is (``fluxworker``)."""
     name = "h200-fluxmod-call.jsonl"
 
     def runs(label: str) -> list[float]:
@@ -355,7 +356,20 @@ def _modulation() -> dict[str, Callable[[], str]]:
         gain = sum(without) / 2 - sum(with_) / 2
         return f"{gain:.2f} s ({gain / (sum(without) / 2):.1%})".replace("%", " %")
 
+    def worker(tag: str) -> dict[str, Any]:
+        return _one("h200-fluxworker-call.jsonl", kind="queue", tag=tag)
+
+    def steady(tag: str) -> str:
+        rate = worker(tag)["steady_after_last_compile_img_per_s"]
+        return f"{rate:.3f} img/s ({1 / rate:.2f} s an image)"
+
     return {
+        "worker.flux.before": lambda: steady("flux-worker-before"),
+        "worker.flux.auto": lambda: steady("flux-worker-auto"),
+        "worker.flux.gain": lambda: "{:.2f}×".format(
+            worker("flux-worker-auto")["steady_after_last_compile_img_per_s"]
+            / worker("flux-worker-before")["steady_after_last_compile_img_per_s"]
+        ),
         "mod.1gpu.without": lambda: "{:.3f} / {:.3f} s".format(*runs("flux-1gpu-compiled")),
         "mod.1gpu.with": lambda: "{:.3f} / {:.3f} s".format(*runs("flux-1gpu-modonce")),
         "mod.1gpu.saved": saved,

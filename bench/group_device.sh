@@ -32,6 +32,7 @@
 #   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
 #   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it
+#   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
 #   bash bench/group_device.sh flux2048g  # FLUX 2048²: 1 GPU against Ulysses 2 as the product splits it now (diffusers, CUDA graphs), time and peak memory
@@ -410,6 +411,17 @@ fluxmod)  # issue 46: FLUX's modulation vectors for all of an image's steps at i
   [ $SECONDS -lt 480 ] && one flux-1gpu-compiled-again $C "--compare /tmp/flux1.npy"
   [ $SECONDS -lt 520 ] && one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
   grep -h "modulation-once\|split: " $OUT/flux-r2-modonce.log | head -3 | cut -c1-260
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxworker)  # issue 46: a FLUX single worker through the queue (8 one-image jobs) with --speedups auto as it was
+  # (SDXL's levers, of which FLUX takes vae-fp16 only) and as it is now (a DiT's: compile-blocks, modulation-once)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  for v in "before:vae-fp16" "auto:auto"; do
+    timeout 260 python3 bench/e2e_queue.py --out $R --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
+      --images-per-gpu 8 --speedups ${v#*:} --tag flux-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
+    echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  grep -h "speedups: \|offload auto" $OUT/*.log | cut -c1-240 | sort | uniq | head -8
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxgraphs)  # issue 46: a FLUX Ulysses group replays each transformer call as one CUDA graph (cuda-graphs, in a

@@ -119,6 +119,26 @@ def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
     assert Speedups.parse("auto", torch.device("cpu")).levers == frozenset()
 
 
+def test_auto_means_the_levers_of_the_models_kind():
+    """A FLUX worker's ``auto`` is a DiT's defaults (its blocks compiled, its modulation once an
+    image), not SDXL's, which it cannot take; levers named beside ``auto`` stay; named levers
+    are what they say for either kind."""
+    from common.presets import DIT_CUDA_DEFAULT_SPEEDUPS as DIT_DEFAULT
+
+    sdxl, flux = type("Sdxl", (), {"unet": object()})(), type("Flux", (), {"transformer": object()})()
+    auto = Speedups.parse("auto,cuda-graphs", torch.device("cuda"))
+    assert auto.for_pipeline(sdxl).levers == frozenset(CUDA_DEFAULT) | {"cuda-graphs"}
+    assert auto.for_pipeline(flux).levers == frozenset(DIT_DEFAULT) | {"cuda-graphs"}
+    assert auto.per_kind() == (  # the worker's first line, before it knows its model
+        "compile-unet,compile-vae,cuda-graphs,empty-negative,vae-fp16 for SDXL, "
+        "compile-blocks,cuda-graphs,modulation-once,vae-fp16 for FLUX"
+    )
+    assert set(DIT_DEFAULT) == {"vae-fp16", "compile-blocks", "modulation-once"}
+    named = Speedups.parse("vae-fp16,compile-unet", torch.device("cuda"))
+    assert named.for_pipeline(flux) == named.for_pipeline(sdxl) == named
+    assert Speedups.parse("auto", torch.device("cpu")).for_pipeline(flux).levers == frozenset()
+
+
 def test_cudnn_benchmark_is_switched_on_by_its_lever_only(cache_dir, monkeypatch):
     """cuDNN times its conv algorithms only when asked (a process-wide switch); asking is a lever,
     measured like the others, not a side effect of loading a pipeline."""

@@ -14,7 +14,7 @@ import click
 import redis
 
 from common.errors import ConfigError, DiffqError
-from common.presets import CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, PRECISIONS, SPEEDUP_LEVERS
+from common.presets import CUDA_DEFAULT_SPEEDUPS, DIT_CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, PRECISIONS, SPEEDUP_LEVERS
 from common.queues import PATIENCE_FOREVER, WARM_STOP_REDIS_S, WAY_OUT, connect, get_queue
 from common.settings import Settings, redact
 
@@ -42,7 +42,8 @@ def run_options(func: Any) -> Any:
         click.option(
             "--speedups",
             help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)}; auto in a list adds the defaults "
-            f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA, none on the CPU].",
+            f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA for SDXL, "
+            f"{','.join(DIT_CUDA_DEFAULT_SPEEDUPS)} for FLUX, none on the CPU].",
         ),
         click.option(
             "--precision",
@@ -225,7 +226,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         redact(settings.redis_url),
         pipelines.device,
         str(pipelines.dtype).removeprefix("torch."),
-        pipelines.speedups.describe(),
+        pipelines.speedups.per_kind(),
         pipelines.offload,
     )
     worker.work(

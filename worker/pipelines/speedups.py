@@ -28,7 +28,7 @@ import torch
 
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
-from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
+from common.presets import CUDA_DEFAULT_SPEEDUPS, DIT_CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
 from worker.pipelines import empty_negative, fp8, modulation, reductions, step_graphs
 
 log = logging.getLogger("diffq.worker")
@@ -42,19 +42,34 @@ WARM_UP_STEPS = 2
 @dataclass(frozen=True)
 class Speedups:
     levers: frozenset[str]
+    #: what ``auto`` means for a DiT pipeline (FLUX), whose levers are not SDXL's; None: no ``auto``
+    dit: frozenset[str] | None = None
 
     @classmethod
     def parse(cls, text: str, device: torch.device, precision: str = "fp16") -> Speedups:
-        """The levers ``--speedups`` names (``auto``: the device's defaults, and any named beside
-        it), with ``fp8`` for ``--precision fp8`` where this device has FP8 matmuls."""
+        """The levers ``--speedups`` names (``auto``: the device's defaults for the model's kind,
+        and any named beside it), with ``fp8`` for ``--precision fp8`` where this device has FP8
+        matmuls."""
         names = speedup_names(text)
+        cuda = device.type == "cuda"
+        dit = None
         if "auto" in names:
-            names = (names - {"auto"}) | frozenset(CUDA_DEFAULT_SPEEDUPS if device.type == "cuda" else ())
+            named = names - {"auto"}
+            names = named | frozenset(CUDA_DEFAULT_SPEEDUPS if cuda else ())
+            dit = named | frozenset(DIT_CUDA_DEFAULT_SPEEDUPS if cuda else ())
         if precision == "fp8":
-            names = names | {"fp8"}
+            names, dit = names | {"fp8"}, None if dit is None else dit | {"fp8"}
         if "fp8" in names and not fp8_supported(device):
-            names = names - {"fp8"}
-        return cls(names)
+            names, dit = names - {"fp8"}, None if dit is None else dit - {"fp8"}
+        return cls(names, dit)
+
+    def for_pipeline(self, pipe: Any) -> Speedups:
+        """These levers for ``pipe``: under ``auto``, a DiT's (a transformer, no UNet) own
+        defaults in place of SDXL's (a FLUX worker otherwise ran its blocks eagerly: 5.07 against
+        3.90 s an image on an H200)."""
+        if self.dit is None or getattr(pipe, "unet", None) is not None or getattr(pipe, "transformer", None) is None:
+            return self
+        return Speedups(self.dit)
 
     def __contains__(self, name: str) -> bool:
         return name in self.levers
@@ -65,6 +80,12 @@ class Speedups:
 
     def describe(self) -> str:
         return ",".join(sorted(self.levers)) or "none"
+
+    def per_kind(self) -> str:
+        """What a worker says at start, before it knows its model: under ``auto``, each kind's."""
+        if self.dit is None or self.dit == self.levers:
+            return self.describe()
+        return f"{self.describe()} for SDXL, {Speedups(self.dit).describe()} for FLUX"
 
 
 def fp8_supported(device: torch.device) -> bool:

@@ -171,16 +171,17 @@ class WarmPipelines:
                 component.requires_grad_(False)
         # the levers that work in any placement first (the memory probes run with them), then
         # where the weights live, then compile and fp8 where the weights stay on the GPU
-        apply_speedups(pipe, Speedups(self.speedups.levers - NOT_WITH_OFFLOAD))
+        family = self.speedups.for_pipeline(pipe)  # what auto means for this model's kind (SDXL or FLUX)
+        apply_speedups(pipe, Speedups(family.levers - NOT_WITH_OFFLOAD))
         try:
-            offload = self._choose_offload(pipe, model, on_progress)
+            offload = self._choose_offload(pipe, model, on_progress, family)
             place(pipe, offload, self.device)
         except Exception as exc:
             if not is_oom(exc):
                 raise
             del pipe
             raise self._no_room(model, exc) from None
-        speedups = self.speedups
+        speedups = family
         if offload != "none":
             left_out = speedups.levers & NOT_WITH_OFFLOAD
             speedups = Speedups(speedups.levers - NOT_WITH_OFFLOAD)
@@ -273,7 +274,13 @@ class WarmPipelines:
             )
         return pipe  # on the CPU: place() puts it where the offload mode says
 
-    def _choose_offload(self, pipe: Any, model: str, on_progress: Callable[[str | None], None] | None) -> str:
+    def _choose_offload(
+        self,
+        pipe: Any,
+        model: str,
+        on_progress: Callable[[str | None], None] | None,
+        speedups: Speedups | None = None,
+    ) -> str:
         """``auto``: ``none`` where the pipeline and a batch of two at the model's own size fit in
         this worker's share of the GPU, else ``model`` where one image fits with it, else
         ``sequential``. Measured (one denoising step) the first time a GPU model meets a model,
@@ -283,18 +290,19 @@ class WarmPipelines:
         if self.offload != "auto":
             return self.offload
         budget = self.budget
+        speedups = speedups or self.speedups.for_pipeline(pipe)
         side = int(getattr(pipe, "default_sample_size", 128)) * int(getattr(pipe, "vae_scale_factor", 8))
         params = GenParams(model=model, width=side, height=side, steps=1, guidance=5.0)
         if on_progress is not None:
             on_progress(f"measuring GPU memory for {model} (once per GPU model)")
         try:
             weights = weights_bytes(pipe)
-            resident = self._peak(pipe, params, 2, "none", self.speedups) if budget.fits(weights) else None
+            resident = self._peak(pipe, params, 2, "none", speedups) if budget.fits(weights) else None
             if resident is not None and budget.fits(resident):
                 why = f"the pipeline and a batch of 2 at {side}² peak at {resident / GiB:.1f} GiB"
                 chosen = "none"
             else:
-                light = Speedups(self.speedups.levers - NOT_WITH_OFFLOAD)
+                light = Speedups(speedups.levers - NOT_WITH_OFFLOAD)
                 one = self._peak(pipe, params, 1, "model", light)
                 chosen = "model" if one is not None and budget.fits(one) else "sequential"
                 needs = f"{weights / GiB:.1f} GiB of weights" if resident is None else f"{resident / GiB:.1f} GiB"
