@@ -17,6 +17,10 @@ into the tensors the layers return. The step is the scheduler's own count (FLUX'
 sets it to 0 before an image and the scheduler adds one a step); a new image is a call before
 the count has started, or one with another pooled prompt, guidance or schedule. A call the
 table cannot serve (no schedule, a step past it) computes the layers as before.
+
+Memory: FLUX.1's table holds 1,056,768 values a step and an image, 2.1 MB in bf16 (59 MB for an
+image of 28 steps; measured peak +0.06 GiB on an H200). The lever needs the weights where the
+hook runs, so it is not combined with an offload (:data:`worker.pipelines.offload.NOT_WITH_OFFLOAD`).
 """
 
 from __future__ import annotations
