@@ -107,6 +107,12 @@ def main() -> None:
         "its heads-first layout (bench/ring_bshd.py)",
     )
     ap.add_argument(
+        "--ring-whole",
+        action="store_true",
+        help="experiment, on a ring: one attention over every rank's keys after the gather, no merge "
+        "(bench/ring_whole.py), not the product's local attention, peers' and merge",
+    )
+    ap.add_argument(
         "--pull-gather",
         action="store_true",
         help="experiment, on a ring: the peers' keys and values pulled by the copy engines (bench/peer_gather.py), "
@@ -179,6 +185,10 @@ def main() -> None:
         import ring_bshd
 
         ring_bshd.use()
+    if args.ring_whole:
+        import ring_whole
+
+        ring_whole.use()
     engine.split()
     if args.pull_gather:
         import peer_gather
@@ -196,6 +206,7 @@ def main() -> None:
     split += ", diffusers' ring" if way == "ring" and args.diffusers_ring else ""
     split += ", peers pulled by the copy engines" if args.pull_gather else ""
     split += ", tokens-first views" if args.ring_bshd else ""
+    split += ", one attention over all keys" if args.ring_whole else ""
     split += ", whole decode" if args.whole_decode else ""
     if way:
         if args.cp_chunks:

@@ -31,7 +31,7 @@
 #   bash bench/group_device.sh fluxring8  # FLUX 1024² ring of 2: cuDNN handed views of tokens-first memory (experiment) against the product's copies, and 1 GPU
 #   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
-#   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it
+#   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it; the ring as one attention (experiment)
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
@@ -394,7 +394,7 @@ fluxmod)  # issue 46: FLUX's modulation vectors for all of an image's steps at i
   C=vae-fp16,compile-blocks G=vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs
   one() { DIFFQ_SPEEDUPS=$2 timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 $3 --out $R --label $1 \
     > $OUT/$1.log 2>&1; echo "$1 rc=$? at ${SECONDS}s"; }
-  two() { DIFFQ_SPEEDUPS=$2 timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 \
+  two() { DIFFQ_SPEEDUPS=$2 timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 --ring-degree 2 ${3:-} \
     --compare /tmp/flux1.npy --out $R --label $1 > $OUT/$1.log 2>&1; echo "$1 rc=$? at ${SECONDS}s"; }
   one flux-1gpu-compiled $C "--save /tmp/flux1.npy"
   one flux-1gpu-modonce $C,modulation-once "--compare /tmp/flux1.npy"
@@ -406,10 +406,11 @@ fluxmod)  # issue 46: FLUX's modulation vectors for all of an image's steps at i
   fi
   two flux-r2-without $G
   two flux-r2-modonce $G,modulation-once
-  [ $SECONDS -lt 400 ] && two flux-r2-without-again $G
-  [ $SECONDS -lt 440 ] && two flux-r2-modonce-again $G,modulation-once
-  [ $SECONDS -lt 480 ] && one flux-1gpu-compiled-again $C "--compare /tmp/flux1.npy"
-  [ $SECONDS -lt 520 ] && one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
+  two flux-r2-whole $G,modulation-once --ring-whole  # the experiment: one attention over all keys, no merge
+  [ $SECONDS -lt 380 ] && two flux-r2-without-again $G
+  [ $SECONDS -lt 420 ] && two flux-r2-modonce-again $G,modulation-once
+  [ $SECONDS -lt 460 ] && two flux-r2-whole-again $G,modulation-once --ring-whole
+  [ $SECONDS -lt 500 ] && one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
   grep -h "modulation-once\|split: " $OUT/flux-r2-modonce.log | head -3 | cut -c1-260
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;

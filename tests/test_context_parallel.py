@@ -141,6 +141,10 @@ if how == "bshd":  # the bench's experiment: cuDNN handed views of the tokens-fi
     import ring_bshd
 
     attention = ring_bshd.ring_attention_bshd
+if how == "whole":  # the bench's experiment: one attention over every rank's keys after the gather
+    import ring_whole
+
+    attention = ring_whole.ring_attention_whole
 if how == "pull":  # the bench's experiment: the op the copy engines run on GPUs, over gloo here
     import peer_gather
     import torch._inductor.config as inductor_config
@@ -161,13 +165,15 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("ranks,how", [(2, "all_gather"), (4, "all_gather"), (2, "pull"), (2, "bshd")])
+@pytest.mark.parametrize(
+    "ranks,how", [(2, "all_gather"), (4, "all_gather"), (2, "pull"), (2, "bshd"), (2, "whole"), (4, "whole")]
+)
 def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_path: Path, ranks: int, how: str) -> None:
     """Each rank's queries against every rank's keys and values (the gather, the local attention
     and each peer's, merged by log-sum-exp) are one attention over the whole sequence; with the
     product's gather, with the bench's pull (bench/peer_gather.py), also compiled, where the pull
-    is issued before the local attention and waited for after it, and on the bench's tokens-first
-    views (bench/ring_bshd.py)."""
+    is issued before the local attention and waited for after it, on the bench's tokens-first
+    views (bench/ring_bshd.py), and as the bench's one attention over all keys (bench/ring_whole.py)."""
     script = tmp_path / "ring.py"
     script.write_text(RING)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
