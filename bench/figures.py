@@ -376,6 +376,58 @@ def _modulation() -> dict[str, Callable[[], str]]:
     }
 
 
+def _modring() -> dict[str, Callable[[], str]]:
+    """``modulation-once`` in the ring of 2 on 2 H200s (``fluxmod``, alternated, each ring run
+    against one GPU with the same levers in the same call), the ring as one attention over all
+    keys (the experiment), and the product after it profiled and queued (``fluxmodq``)."""
+    mod, modq = "h200x2-fluxmod-call.jsonl", "h200x2-fluxmodq-call.jsonl"
+
+    def seconds(name: str, label: str) -> float:
+        return _one(name, label=label, kind="group-bare")["s_per_img"]
+
+    def pair(label: str, one: float) -> str:
+        runs = [seconds(mod, x) for x in (label, f"{label}-again")]
+        return "{:.3f} / {:.3f} s ({:.2f}× / {:.2f}×)".format(*runs, *(one / r for r in runs))
+
+    def one_with() -> float:
+        return (seconds(mod, "flux-1gpu-modonce") + seconds(mod, "flux-1gpu-modonce-again")) / 2
+
+    def kernel(label: str, prefix: str) -> str:
+        ranks = _one(modq, label=label, kind="group-profile")["ranks"]
+        found = [sum(s for n, s, _ in r["top_kernels"]["elementwise"] if n.startswith(prefix)) for r in ranks]
+        return f"{sum(found) / len(found):.2f} s"
+
+    def queued(field: str) -> float:
+        return _one(modq, kind="group-queue")[field]
+
+    return {
+        "modring.1gpu.without": lambda: f"{seconds(mod, 'flux-1gpu-compiled'):.3f} s",
+        "modring.1gpu.with": lambda: "{:.3f} / {:.3f} s".format(
+            seconds(mod, "flux-1gpu-modonce"), seconds(mod, "flux-1gpu-modonce-again")
+        ),
+        "modring.without": lambda: pair("flux-r2-without", seconds(mod, "flux-1gpu-compiled")),
+        "modring.with": lambda: pair("flux-r2-modonce", one_with()),
+        "modring.whole": lambda: pair("flux-r2-whole", one_with()),
+        "modq.1gpu": lambda: f"{seconds(modq, 'flux-1gpu-modonce'):.3f} s",
+        "modq.ring": lambda: "{:.3f} s ({:.2f}×)".format(
+            seconds(modq, "flux-r2-product"), seconds(modq, "flux-1gpu-modonce") / seconds(modq, "flux-r2-product")
+        ),
+        "modq.gemm.1gpu": lambda: _rank_kind(modq, "flux-1gpu-modonce", "gemm"),
+        "modq.gemm.ring": lambda: _rank_kind(modq, "flux-r2-product", "gemm"),
+        "modq.catgelu.1gpu": lambda: kernel("flux-1gpu-modonce", "triton_poi_fused_cat_gelu"),
+        "modq.catgelu.ring": lambda: kernel("flux-r2-product", "triton_poi_fused__to_copy__unsafe_view_cat_clone_gelu"),
+        "modq.queue.job": lambda: f"{queued('job_s_median'):.3f} s",
+        "modq.queue": lambda: f"{queued('queue_overhead_frac'):.1%}".replace("%", " %"),
+        "modq.exit": lambda: f"{queued('exit_after_last_s'):.1f} s",
+    }
+
+
+def _rank_kind(name: str, label: str, kind: str) -> str:
+    """One kind's kernel seconds an image, the ranks' mean."""
+    ranks = _one(name, label=label, kind="group-profile")["ranks"]
+    return f"{sum(r['kernel_s_by_kind'][kind] for r in ranks) / len(ranks):.2f} s"
+
+
 def _a2a(field: str) -> str:
     """One FLUX Ulysses 2 all-to-all timed alone, NCCL's defaults (``h100x2-fluxcp-call.jsonl``)."""
     return f"{_one('h100x2-fluxcp-call.jsonl', kind='a2a', label='default', rank=0)[field]:g}"
@@ -592,6 +644,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_pull(),
     **_where(),
     **_modulation(),
+    **_modring(),
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),

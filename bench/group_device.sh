@@ -32,6 +32,7 @@
 #   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
 #   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it; the ring as one attention (experiment)
+#   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
 #   bash bench/group_device.sh flux4g  # FLUX 1024² on 4 GPUs: 1 GPU, Ulysses 4 and 2 as the product runs them (with and without its CUDA graphs), Ulysses 4 through the queue
@@ -413,6 +414,18 @@ fluxmod)  # issue 46: FLUX's modulation vectors for all of an image's steps at i
   [ $SECONDS -lt 500 ] && one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
   grep -h "modulation-once\|split: " $OUT/flux-r2-modonce.log | head -3 | cut -c1-260
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each
+  # kind's heaviest kernels), and the product's ring through the queue (its overhead over the bare call)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 2 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-modonce --profile /tmp/prof-1 > $OUT/flux1.log 2>&1
+  echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 2 --ring-degree 2 --compare /tmp/flux1.npy --out $R \
+    --label flux-r2-product --profile /tmp/prof-r2 > $OUT/flux-r2-product.log 2>&1; echo "ring rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 400 ] && { timeout 150 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl --exclude summary.txt . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxworker)  # issue 46: a FLUX single worker through the queue (8 one-image jobs) with --speedups auto as it was
   # (SDXL's levers, of which FLUX takes vae-fp16 only) and as it is now (a DiT's: compile-blocks, modulation-once)
