@@ -113,6 +113,13 @@ def main() -> None:
         "(bench/ring_whole.py), not the product's local attention, peers' and merge",
     )
     ap.add_argument(
+        "--ring-torch-merge",
+        action="store_true",
+        help="A/B, on a ring: the last merge of the attentions in torch ops, which the compiler fuses into the "
+        "kernel after the attention, as the product did before 2026-11-28's merge kernel "
+        "(worker/group/attention_merge.py)",
+    )
+    ap.add_argument(
         "--pull-gather",
         action="store_true",
         help="experiment, on a ring: the peers' keys and values pulled by the copy engines (bench/peer_gather.py), "
@@ -189,6 +196,10 @@ def main() -> None:
         import ring_whole
 
         ring_whole.use()
+    if args.ring_torch_merge:
+        from worker.group import attention_merge, ring_attention
+
+        ring_attention.merge_last = attention_merge.reference
     engine.split()
     if args.pull_gather:
         import peer_gather
@@ -207,6 +218,7 @@ def main() -> None:
     split += ", peers pulled by the copy engines" if args.pull_gather else ""
     split += ", tokens-first views" if args.ring_bshd else ""
     split += ", one attention over all keys" if args.ring_whole else ""
+    split += ", the last merge in torch ops" if args.ring_torch_merge else ""
     split += ", whole decode" if args.whole_decode else ""
     if way:
         if args.cp_chunks:

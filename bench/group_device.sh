@@ -32,6 +32,7 @@
 #   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
 #   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it; the ring as one attention (experiment)
+#   bash bench/group_device.sh fluxmerge  # FLUX 1024² ring of 2: the last merge as one kernel (the product's) against the merge fused by Inductor, and 1 GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -413,6 +414,15 @@ fluxmod)  # issue 46: FLUX's modulation vectors for all of an image's steps at i
   [ $SECONDS -lt 460 ] && two flux-r2-whole-again $G,modulation-once --ring-whole
   [ $SECONDS -lt 500 ] && one flux-1gpu-modonce-again $C,modulation-once "--compare /tmp/flux1.npy"
   grep -h "modulation-once\|split: " $OUT/flux-r2-modonce.log | head -3 | cut -c1-260
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxmerge)  # issue 46: the ring's last merge as one Triton kernel that writes the tokens-first layout (the product's,
+  # worker/group/attention_merge.py) against the merge in torch ops fused by Inductor into the kernel after the
+  # attention (--ring-torch-merge), alternated, and one GPU; the kernel's first run profiled by kernel name
+  ring_ab flux-r2-mergekernel "" flux-r2-torchmerge --ring-torch-merge profile
+  grep -h "split: " $OUT/flux-r2-mergekernel.log | head -1 | cut -c1-260
+  [ $SECONDS -lt 400 ] && { timeout 150 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each

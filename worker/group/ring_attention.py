@@ -14,7 +14,8 @@ diffusers' ring took 2.458 s and one GPU 3.894 s; the elementwise kernels 0.21 s
 The rest is the same arithmetic: attend to the local keys while the peers' come (Inductor's
 ``raise_comms`` and ``sink_waits`` passes, set by :mod:`worker.group.token_split`, issue the
 gather before the local attention and wait after it), then to each peer's, and merge the
-softmaxes by their log-sum-exp in fp32.
+softmaxes by their log-sum-exp in fp32; the last merge is one kernel that writes the model's
+layout (:mod:`worker.group.attention_merge`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+
+from worker.group.attention_merge import merge_attention
 
 
 def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +53,11 @@ def _merge(
 #: exists, it returns what gives the peers' buffers (this rank's next first) where they are first
 #: read, after the local attention
 Gather = Callable[[torch.Tensor, dist.ProcessGroup], Callable[[], list[torch.Tensor]]]
+
+#: the last merge: ``(out, lse, other, other_lse)`` to ``[batch, tokens, heads, dim]`` in the
+#: model's dtype (the bench puts :func:`worker.group.attention_merge.reference` here to measure
+#: the merge fused by the compiler, as it was)
+merge_last: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = merge_attention
 
 
 def all_gather(kv: torch.Tensor, group: dist.ProcessGroup) -> Callable[[], list[torch.Tensor]]:
@@ -82,11 +90,12 @@ def ring_attention(
     peers = gather(kv, group)
     kv = kv.view(2, batch, heads, tokens, dim)
     out, lse = cudnn_attention(query, kv[0], kv[1])
-    out, lse = out.float(), lse.float().reshape(batch, heads, tokens, 1)
-    for peer in peers():
-        peer = peer.view(2, batch, heads, tokens, dim)
-        out, lse = _merge(out, lse, *cudnn_attention(query, peer[0], peer[1]))
-    return out.to(key.dtype).transpose(1, 2)
+    *earlier, last = [peer.view(2, batch, heads, tokens, dim) for peer in peers()]
+    if earlier:  # rings of 3 and more: all but the last merge in fp32
+        out, lse = out.float(), lse.float().reshape(batch, heads, tokens, 1)
+        for peer in earlier:
+            out, lse = _merge(out, lse, *cudnn_attention(query, peer[0], peer[1]))
+    return merge_last(out, lse, *cudnn_attention(query, last[0], last[1]))
 
 
 class FluxAttentionAround(FluxAttnProcessor):
