@@ -422,6 +422,45 @@ def _modring() -> dict[str, Callable[[], str]]:
     }
 
 
+def _merge() -> dict[str, Callable[[], str]]:
+    """The ring's last merge as one kernel (``fluxmerge``, 2 H200s, alternated) against the
+    merge fused by Inductor (``--ring-torch-merge``), each against one GPU in the same call; the
+    kernel's run profiled; the ring through the queue after it. The first call
+    (``h200x2-fluxmerge-call``) ran the op before its ``flexible_layout`` tag."""
+    name, first = "h200x2-fluxmerge2-call.jsonl", "h200x2-fluxmerge-call.jsonl"
+
+    def seconds(label: str, source: str = name) -> float:
+        return _one(source, label=label, kind="group-bare")["s_per_img"]
+
+    def pair(label: str, source: str = name) -> str:
+        one = seconds("flux-1gpu-compiled", source)
+        runs = [seconds(x, source) for x in (label, f"{label}-again")]
+        return "{:.3f} / {:.3f} s ({:.2f}× / {:.2f}×)".format(*runs, *(one / r for r in runs))
+
+    def kernel(kind: str, prefix: str, source: str = name) -> str:
+        ranks = _one(source, label="flux-r2-mergekernel", kind="group-profile")["ranks"]
+        found = [sum(s for n, s, _ in r["top_kernels"][kind] if n.startswith(prefix)) for r in ranks]
+        return f"{sum(found) / len(found):.3f} s"
+
+    def queued(field: str) -> float:
+        return _one(name, kind="group-queue")[field]
+
+    return {
+        "merge.1gpu": lambda: f"{seconds('flux-1gpu-compiled'):.3f} s",
+        "merge.kernel": lambda: pair("flux-r2-mergekernel"),
+        "merge.torch": lambda: pair("flux-r2-torchmerge"),
+        "merge.catgelu": lambda: kernel("elementwise", "triton_poi_fused_cat_gelu"),
+        "merge.kernel.s": lambda: kernel("other", "merge_kernel"),
+        "merge.elementwise": lambda: _rank_kind(name, "flux-r2-mergekernel", "elementwise"),
+        "merge.first.kernel": lambda: pair("flux-r2-mergekernel", first),
+        "merge.first.torch": lambda: pair("flux-r2-torchmerge", first),
+        "merge.first.copies": lambda: kernel("elementwise", "triton_poi_fused_merge_attention", first),
+        "merge.queue.job": lambda: f"{queued('job_s_median'):.3f} s",
+        "merge.queue": lambda: f"{queued('queue_overhead_frac'):.1%}".replace("%", " %"),
+        "merge.exit": lambda: f"{queued('exit_after_last_s'):.1f} s",
+    }
+
+
 def _rank_kind(name: str, label: str, kind: str) -> str:
     """One kind's kernel seconds an image, the ranks' mean."""
     ranks = _one(name, label=label, kind="group-profile")["ranks"]
@@ -645,6 +684,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_where(),
     **_modulation(),
     **_modring(),
+    **_merge(),
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),
