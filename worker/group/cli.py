@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -286,26 +286,37 @@ def _wait_all_loaded(rank: int, world: int) -> None:
         time.sleep(0.2)
 
 
-def _finish(code: int, engine: Any) -> int:
-    """Leave the process group: whole on a clean stop; on a lost group (a peer gone) without
-    NCCL's teardown, which may wait on the peer. CUDA graphs that captured NCCL's collectives
-    are dropped first (:func:`worker.pipelines.step_graphs.release`); with a peer gone not even a
-    CUDA sync or a graph's release is sure to return, so such a rank leaves with ``os._exit``
-    (its job was given back, its logs are flushed)."""
+def _finish(code: int, engine: Any) -> NoReturn:
+    """Leave the process group, then the process: whole on a clean stop; on a lost group (a
+    peer gone) without NCCL's teardown, which may wait on the peer. CUDA graphs that captured
+    NCCL's collectives are dropped first (:func:`worker.pipelines.step_graphs.release`); with a
+    peer gone not even a CUDA sync or a graph's release is sure to return, so such a rank skips
+    them (its job was given back).
+
+    Every rank then ends with ``os._exit`` once its logs are flushed, never through the
+    interpreter's finalization: a collective's worker thread (gloo's run loop, NCCL's watchdog)
+    lets go of the collective's tensors on its own time, and a functional collective (a FLUX
+    split's all-to-all, the ring's gather) leaves that last reference to the thread alone. A
+    tensor let go while the interpreter finalizes takes the GIL from a dying interpreter, which
+    cancels the thread inside a C++ destructor: the process aborts (``terminate called without
+    an active exception``, SIGABRT) after a clean stop. Seen once in CI in a FLUX Ulysses group
+    on gloo; two gloo ranks of functional all-to-alls (``bench/exit_abort.py``) aborted so in 7
+    of 40 exits after ``destroy_process_group``, under gdb in
+    ``AsyncAlltoallWork::~AsyncAlltoallWork`` → ``decref_pyobject`` → ``take_gil`` →
+    ``pthread_exit``; with ``os._exit`` after it, in 0 of 40. What the interpreter would still
+    do at exit is done by then: the RQ worker's teardown drained the writer and told Redis."""
     import torch
     import torch.distributed as dist
 
     from worker.pipelines import step_graphs
 
     held = engine.graphs_hold_collectives
-    if held and code != 0:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if held:
+    if held and code == 0:
         torch.cuda.synchronize()
         step_graphs.release(engine.loaded.pipe)
     if dist.is_initialized() and code == 0:
         dist.destroy_process_group()
-    return code
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
