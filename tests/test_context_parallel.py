@@ -23,7 +23,7 @@ from test_speedups import TINY_FLUX
 ROOT = Path(__file__).resolve().parents[1]
 
 RANK = r"""
-import json, sys
+import json, os, sys
 import numpy as np, torch, torch.distributed as dist
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
 from context_parallel import exchange_in_parts
@@ -68,6 +68,10 @@ processors = sorted({type(p).__name__ for p in pipe.transformer.attn_processors.
 with open(f"{out}/rank{dist.get_rank()}.json", "w") as fh:  # not stdout: the two ranks' lines interleave there
     json.dump({"tokens": tokens, "processors": processors}, fh)
 dist.destroy_process_group()
+# as a group's ranks leave (worker/group/cli.py's _finish): not through the interpreter's finalization,
+# where gloo's threads letting go of a collective's tensors can abort the process (bench/exit_abort.py)
+sys.stdout.flush()
+os._exit(0)
 """
 
 
@@ -127,7 +131,7 @@ def gather_orders(log: str) -> list[list[str]]:
 
 
 RING = r"""
-import sys
+import os, sys
 import torch, torch.distributed as dist
 import torch.nn.functional as F
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
@@ -162,6 +166,10 @@ for attend in [ring] + ([torch.compile(ring, fullgraph=True)] if how == "pull" e
     assert out.shape == (2, 6, 3, 16) and error < 1e-5, (out.shape, error)
 print(f"rank {rank}: {error:.2e}", flush=True)
 dist.destroy_process_group()
+# as a group's ranks leave (worker/group/cli.py's _finish): not through the interpreter's finalization,
+# where gloo's threads letting go of a collective's tensors can abort the process (bench/exit_abort.py)
+sys.stdout.flush()
+os._exit(0)
 """
 
 
