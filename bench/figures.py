@@ -461,6 +461,18 @@ def _merge() -> dict[str, Callable[[], str]]:
     }
 
 
+def _exitq(model: str, field: str) -> str:
+    """A group through the queue after its ranks leave by ``os._exit`` (``exitq``, 2 H200s)."""
+    line = _one("h200x2-exitq-call.jsonl", kind="group-queue", model=model)
+    if line["rc"] != 0:
+        raise LookupError(f"h200x2-exitq-call.jsonl: {model}'s group exited {line['rc']}")
+    if field == "exit_after_last_s":
+        return f"{line[field]:.1f} s"
+    if field == "overhead":
+        return f"{line['overhead_s_median'] / line['job_s_median']:.1%}".replace("%", " %")
+    return f"{line[field]:.3f} s"
+
+
 def _rank_kind(name: str, label: str, kind: str) -> str:
     """One kind's kernel seconds an image, the ranks' mean."""
     ranks = _one(name, label=label, kind="group-profile")["ranks"]
@@ -685,6 +697,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_modulation(),
     **_modring(),
     **_merge(),
+    **{
+        f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
+        for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))
+        for name, field in (("job", "job_s_median"), ("exit", "exit_after_last_s"), ("overhead", "overhead"))
+    },
     "flux4own.r4": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-own"),
     "flux4own.r4.diffusers": lambda: _group("h100x4-flux4own-call.jsonl", "flux-1gpu-compiled", "flux-r4-diffusers"),
     "flux4r.r4": lambda: _group("h100x4-flux4r-call.jsonl", "flux-1gpu-compiled", "flux-r4-product"),

@@ -33,6 +33,7 @@
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
 #   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it; the ring as one attention (experiment)
 #   bash bench/group_device.sh fluxmerge  # FLUX 1024² ring of 2: the last merge as one kernel (the product's) against the merge fused by Inductor, and 1 GPU
+#   bash bench/group_device.sh exitq  # the FLUX ring of 2 and the SDXL CFG pair through the queue: each group's exit code and exit time
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -423,6 +424,17 @@ fluxmerge)  # issue 46: the ring's last merge as one Triton kernel that writes t
   grep -h "split: " $OUT/flux-r2-mergekernel.log | head -1 | cut -c1-260
   [ $SECONDS -lt 400 ] && { timeout 150 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" \
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+exitq)  # after 2026-11-28's exit by os._exit (worker/group/cli.py's _finish): the FLUX ring of 2 (NCCL, the gather
+  # a functional collective) and the SDXL CFG pair (CUDA graphs holding NCCL's collectives) through the queue, each
+  # group's exit code and how long after its last job it was gone
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 200 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" --jobs 8 --out $R \
+    > $OUT/queue-flux.log 2>&1; echo "flux ring queue rc=$? at ${SECONDS}s"
+  timeout 200 python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel --jobs 8 --out $R \
+    > $OUT/queue-sdxl.log 2>&1; echo "sdxl pair queue rc=$? at ${SECONDS}s"
+  grep -h "terminate\|exitcode\|Traceback" $OUT/queue-*.log | head -5
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each
