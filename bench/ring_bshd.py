@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from worker.group import ring_attention as ring
+from worker.group.attention_merge import merge_pair
 
 
 def ring_attention_bshd(
@@ -37,7 +38,7 @@ def ring_attention_bshd(
     out, lse = out.float(), lse.float().reshape(batch, heads, tokens, 1)
     for peer in peers():
         peer = peer.view(2, batch, tokens, heads, dim).transpose(2, 3)
-        out, lse = ring._merge(out, lse, *ring.cudnn_attention(query, peer[0], peer[1]))
+        out, lse = merge_pair(out, lse, *ring.cudnn_attention(query, peer[0], peer[1]))
     return out.to(key.dtype).transpose(1, 2)
 
 

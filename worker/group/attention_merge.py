@@ -29,15 +29,25 @@ from typing import Any
 import torch
 
 
-def reference(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor) -> torch.Tensor:
-    """The merge in torch ops: ``out`` and ``other`` ``[batch, heads, tokens, dim]`` (``out``
-    in fp32 or the model's dtype), their log-sum-exps ``[batch, heads, tokens]`` (or with a
-    trailing 1); returns ``[batch, tokens, heads, dim]`` contiguous in ``other``'s dtype."""
+def merge_pair(
+    out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attentions of the same queries over disjoint keys, as one, in fp32: weighted by the
+    share of the softmax's mass each saw. ``out`` and ``other`` are ``[batch, heads, tokens,
+    dim]``, their log-sum-exps ``[batch, heads, tokens]`` (or with a trailing 1); returns the
+    merged attention and its log-sum-exp ``[batch, heads, tokens, 1]``."""
     batch, heads, tokens, _ = other.shape
     lse = lse.float().reshape(batch, heads, tokens, 1)
     other_lse = other_lse.float().reshape(batch, heads, tokens, 1)
     out = out.float()
-    merged = out - torch.sigmoid(other_lse - lse) * (out - other.float())
+    out = out - torch.sigmoid(other_lse - lse) * (out - other.float())
+    return out, lse - torch.nn.functional.logsigmoid(lse - other_lse)
+
+
+def reference(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor) -> torch.Tensor:
+    """:func:`merge_pair` as the kernel returns it: ``[batch, tokens, heads, dim]`` contiguous
+    in ``other``'s dtype."""
+    merged, _ = merge_pair(out, lse, other, other_lse)
     return merged.to(other.dtype).transpose(1, 2).contiguous()
 
 

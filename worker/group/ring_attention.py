@@ -29,7 +29,7 @@ import torch.distributed._functional_collectives as funcol
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 
-from worker.group.attention_merge import merge_attention
+from worker.group.attention_merge import merge_attention, merge_pair
 
 
 def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,16 +37,6 @@ def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor)
     returns the log-sum-exp the merge needs (the tests put a CPU twin here)."""
     out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(query, key, value, None, True, 0.0, False, False)
     return out, lse
-
-
-def _merge(
-    out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two attentions of the same queries over disjoint keys, as one: weighted by the share of
-    the softmax's mass each saw (``lse`` in fp32, ``[batch, heads, tokens, 1]``)."""
-    other, other_lse = other.float(), other_lse.float().reshape(lse.shape)
-    out = out - torch.sigmoid(other_lse - lse) * (out - other)
-    return out, lse - torch.nn.functional.logsigmoid(lse - other_lse)
 
 
 #: how a ring rank gets its peers' keys and values: called with this rank's buffer as soon as it
@@ -94,7 +84,7 @@ def ring_attention(
     if earlier:  # rings of 3 and more: all but the last merge in fp32
         out, lse = out.float(), lse.float().reshape(batch, heads, tokens, 1)
         for peer in earlier:
-            out, lse = _merge(out, lse, *cudnn_attention(query, peer[0], peer[1]))
+            out, lse = merge_pair(out, lse, *cudnn_attention(query, peer[0], peer[1]))
     return merge_last(out, lse, *cudnn_attention(query, last[0], last[1]))
 
 
