@@ -34,6 +34,7 @@
 #   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it; the ring as one attention (experiment)
 #   bash bench/group_device.sh fluxmerge  # FLUX 1024² ring of 2: the last merge as one kernel (the product's) against the merge fused by Inductor, and 1 GPU
 #   bash bench/group_device.sh exitq  # the FLUX ring of 2 and the SDXL CFG pair through the queue: each group's exit code and exit time
+#   bash bench/group_device.sh fluxgemms  # one GPU: FLUX's GEMMs at one GPU's rows and a ring rank's, cuBLAS and Inductor's tuned templates (bench/flux_gemms.py)
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -436,6 +437,15 @@ exitq)  # after 2026-11-28's exit by os._exit (worker/group/cli.py's _finish): t
     > $OUT/queue-sdxl.log 2>&1; echo "sdxl pair queue rc=$? at ${SECONDS}s"
   grep -h "terminate\|exitcode\|Traceback" $OUT/queue-*.log | head -5
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxgemms)  # issue 46: a ring rank's GEMMs take 10 % over half of one GPU's; on one GPU, each FLUX product at both row
+  # counts through cuBLAS, then one block of each kind compiled, with Inductor's GEMM autotuning, and with its
+  # persistent TMA templates, projected to an image (bench/flux_gemms.py); the tuner's picks per shape
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-16}
+  timeout 540 python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --budget-s 520 --min-left-s ${MIN_LEFT_S:-90} \
+    ${GEMM_MODES:+--modes $GEMM_MODES} > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
+  python3 bench/autotune_picks.py $OUT/gemms.log --rows 0 --call 1 > $OUT/picks.jsonl
+  grep -h '"part": "shapes"\|"part": "blocks' $OUT/gemms.jsonl; grep -h -i -E "error|Traceback" $OUT/gemms.log | head -5
   ;;
 fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each
   # kind's heaviest kernels), and the product's ring through the queue (its overhead over the bare call)
