@@ -24,6 +24,7 @@ keeps the ring from 2×. Two parts, each at both row counts:
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from collections.abc import Callable
@@ -56,24 +57,29 @@ def rows(tokens: str, size: int) -> tuple[int, int]:
     return (image, text) if tokens == "all" else (image // 2, text // 2)
 
 
-def products(image: int, text: int, dim: int) -> list[tuple[str, int, int, int, int]]:
+def products(image: int, text: int, dim: int, layout: str = "separate") -> list[tuple[str, int, int, int, int]]:
     """(name, rows, in, out, calls per step) of every product in FLUX's blocks but the
-    modulation's one-row ones (computed once an image under ``modulation-once``)."""
+    modulation's one-row ones (computed once an image under ``modulation-once``). ``layout``:
+    ``separate`` (diffusers' default: q, k and v three products), ``fused`` (``fuse-qkv``: one
+    product of three times the width), ``fused-mlp`` (the single-stream block's q, k, v and MLP
+    input as one product, as FLUX's reference code has it: they read the same normalized rows)."""
     mlp = 4 * dim
+    qkv = [("qkv", dim, dim, 3)] if layout == "separate" else [("qkv", dim, 3 * dim, 1)]
     out: list[tuple[str, int, int, int, int]] = []
     for stream, m in (("img", image), ("txt", text)):
+        out += [(f"double.{stream}.{n}", m, k, w, c * DOUBLE) for n, k, w, c in qkv]
         out += [
-            (f"double.{stream}.qkv", m, dim, dim, 3 * DOUBLE),
             (f"double.{stream}.out", m, dim, dim, DOUBLE),
             (f"double.{stream}.ff1", m, dim, mlp, DOUBLE),
             (f"double.{stream}.ff2", m, mlp, dim, DOUBLE),
         ]
     both = image + text
-    out += [
-        ("single.qkv", both, dim, dim, 3 * SINGLE),
-        ("single.mlp", both, dim, mlp, SINGLE),
-        ("single.out", both, dim + mlp, dim, SINGLE),
-    ]
+    if layout == "fused-mlp":
+        out.append(("single.qkv-mlp", both, dim, 3 * dim + mlp, SINGLE))
+    else:
+        out += [(f"single.{n}", both, k, w, c * SINGLE) for n, k, w, c in qkv]
+        out.append(("single.mlp", both, dim, mlp, SINGLE))
+    out.append(("single.out", both, dim + mlp, dim, SINGLE))
     return out
 
 
@@ -109,43 +115,47 @@ def cuda_ms(fn: Callable[[], Any], repeats: int, device: torch.device, chunk: in
 
 
 def shapes(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
-    """Each product through cuBLAS at both row counts, and the excess over half per image."""
-    totals = {}
-    for tokens in ("all", "half"):
-        total = 0.0
-        for name, m, k, n, calls in products(*rows(tokens, args.size), args.dim):
-            x = torch.randn(m, k, device=device, dtype=dtype)
-            w = torch.randn(n, k, device=device, dtype=dtype) / k**0.5
-            b = torch.randn(n, device=device, dtype=dtype)
-            _, ms = cuda_ms(lambda x=x, w=w, b=b: F.linear(x, w, b), args.repeats, device)
-            per_image = calls * STEPS * ms / 1e3
-            total += per_image
-            tflops = 2 * m * k * n / (ms / 1e3) / 1e12
-            emit(
-                args.out,
-                {
-                    "part": "shape",
-                    "tokens": tokens,
-                    "name": name,
-                    "m": m,
-                    "k": k,
-                    "n": n,
-                    "ms": round(ms, 4),
-                    "tflops": round(tflops, 1),
-                    "s_per_img": round(per_image, 4),
-                },
-            )
-        totals[tokens] = total
-    emit(
-        args.out,
-        {
-            "part": "shapes",
-            "s_per_img_all": round(totals["all"], 4),
-            "s_per_img_half": round(totals["half"], 4),
-            "over_half_s": round(totals["half"] - totals["all"] / 2, 4),
-            "over_half_pct": round(100 * (2 * totals["half"] / totals["all"] - 1), 1),
-        },
-    )
+    """Each product through cuBLAS at both row counts, and the excess over half per image, for
+    each layout of the projections."""
+    for layout in args.layouts:
+        totals = {}
+        for tokens in ("all", "half"):
+            total = 0.0
+            for name, m, k, n, calls in products(*rows(tokens, args.size), args.dim, layout):
+                x = torch.randn(m, k, device=device, dtype=dtype)
+                w = torch.randn(n, k, device=device, dtype=dtype) / k**0.5
+                b = torch.randn(n, device=device, dtype=dtype)
+                _, ms = cuda_ms(lambda x=x, w=w, b=b: F.linear(x, w, b), args.repeats, device)
+                per_image = calls * STEPS * ms / 1e3
+                total += per_image
+                tflops = 2 * m * k * n / (ms / 1e3) / 1e12
+                emit(
+                    args.out,
+                    {
+                        "part": "shape",
+                        "layout": layout,
+                        "tokens": tokens,
+                        "name": name,
+                        "m": m,
+                        "k": k,
+                        "n": n,
+                        "ms": round(ms, 4),
+                        "tflops": round(tflops, 1),
+                        "s_per_img": round(per_image, 4),
+                    },
+                )
+            totals[tokens] = total
+        emit(
+            args.out,
+            {
+                "part": "shapes",
+                "layout": layout,
+                "s_per_img_all": round(totals["all"], 4),
+                "s_per_img_half": round(totals["half"], 4),
+                "over_half_s": round(totals["half"] - totals["all"] / 2, 4),
+                "over_half_pct": round(100 * (2 * totals["half"] / totals["all"] - 1), 1),
+            },
+        )
 
 
 class Fixed(torch.nn.Module):
@@ -199,8 +209,12 @@ def blocks(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
     """Each mode's compiled blocks at both row counts, projected to an image; skipped when the
     budget is nearly spent (a mode's first call tunes every shape it meets)."""
     eager = make_blocks(args.dim, args.heads, device, dtype)
+    fused = copy.deepcopy(eager)
+    for block in fused.values():
+        block.attn.fuse_projections()
     per_image: dict[tuple[str, str], float] = {}
     for mode in args.modes:
+        settings, _, layout = mode.partition("+")
         for tokens in ("half", "all"):
             left = args.budget_s - (time.perf_counter() - STARTED)
             if left < args.min_left_s:
@@ -208,8 +222,8 @@ def blocks(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
                 continue
             torch._dynamo.reset()
             total = 0.0
-            with torch._inductor.config.patch(MODES[mode]):
-                for kind, block in eager.items():
+            with torch._inductor.config.patch(MODES[settings]):
+                for kind, block in (fused if layout == "fused" else eager).items():
                     compiled = torch.compile(block, fullgraph=True, dynamic=False)
                     inputs = block_inputs(tokens, args, device, dtype)
                     with torch.inference_mode():
@@ -253,11 +267,17 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=24, help="FLUX.1: 24")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--parts", default="shapes,blocks")
-    ap.add_argument("--modes", default="compile,gemmtune,gemmtune-tma", type=lambda s: s.split(","))
+    ap.add_argument(
+        "--modes",
+        default="compile,gemmtune,gemmtune-tma",
+        type=lambda s: s.split(","),
+        help="Inductor settings per block compile; a mode ending +fused runs the blocks with fuse-qkv's projections",
+    )
+    ap.add_argument("--layouts", default="separate,fused,fused-mlp", type=lambda s: s.split(","))
     ap.add_argument("--budget-s", type=float, default=500.0, help="the script's whole time")
     ap.add_argument("--min-left-s", type=float, default=60.0, help="no new mode's compile with less left")
     args = ap.parse_args()
-    unknown = set(args.modes) - set(MODES)
+    unknown = {m for m in args.modes if m.partition("+")[0] not in MODES or m.partition("+")[2] not in ("", "fused")}
     if unknown:
         ap.error(f"--modes: unknown {','.join(sorted(unknown))}; known: {','.join(MODES)}")
     device = torch.device(args.device)

@@ -35,6 +35,7 @@
 #   bash bench/group_device.sh fluxmerge  # FLUX 1024² ring of 2: the last merge as one kernel (the product's) against the merge fused by Inductor, and 1 GPU
 #   bash bench/group_device.sh exitq  # the FLUX ring of 2 and the SDXL CFG pair through the queue: each group's exit code and exit time
 #   bash bench/group_device.sh fluxgemms  # one GPU: FLUX's GEMMs at one GPU's rows and a ring rank's, cuBLAS and Inductor's tuned templates (bench/flux_gemms.py)
+#   bash bench/group_device.sh fluxfuse  # one GPU: FLUX's projections fused (fuse-qkv) by shape, by block at both row counts, and a whole image without and with
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -446,6 +447,22 @@ fluxgemms)  # issue 46: a ring rank's GEMMs take 10 % over half of one GPU's; on
     ${GEMM_MODES:+--modes $GEMM_MODES} > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
   python3 bench/autotune_picks.py $OUT/gemms.log --rows 0 --call 1 > $OUT/picks.jsonl
   grep -h '"part": "shapes"\|"part": "blocks' $OUT/gemms.jsonl; grep -h -i -E "error|Traceback" $OUT/gemms.log | head -5
+  ;;
+fluxfuse)  # issue 46: fluxgemms found a ring rank's excess over half in q, k and v as three products (the text
+  # stream's at 256 rows cost what 512 do): each layout by shape, both kinds of block compiled without and with
+  # fuse-qkv at both row counts, then one GPU's whole image without and with it, alternated (one GPU lent)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 200 python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --modes compile,compile+fused --budget-s 190 \
+    > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
+  grep -h '"part": "shapes"\|"part": "blocks' $OUT/gemms.jsonl
+  L=vae-fp16,compile-blocks,modulation-once
+  for v in "flux-1gpu-separate|$L|--save /tmp/flux1.npy" "flux-1gpu-fuseqkv|$L,fuse-qkv|--compare /tmp/flux1.npy" \
+           "flux-1gpu-separate-again|$L|--compare /tmp/flux1.npy" "flux-1gpu-fuseqkv-again|$L,fuse-qkv|--compare /tmp/flux1.npy"; do
+    IFS='|' read -r label levers img <<< "$v"
+    [ $SECONDS -lt 480 ] && { DIFFQ_SPEEDUPS=$levers timeout 120 $TR --nproc-per-node 1 bench/group.py $F --runs 3 $img \
+      --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+  grep -h '"s_per_img"' $R | python3 -c "import sys, json; [print(r['label'], r['s_per_img'], r.get('max_pixel_diff_255')) for r in map(json.loads, sys.stdin)]"
   ;;
 fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each
   # kind's heaviest kernels), and the product's ring through the queue (its overhead over the bare call)

@@ -38,7 +38,7 @@ def preset_default(model: str, name: str, fallback: int) -> int:
 SPEEDUP_LEVERS: dict[str, str] = {
     "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",
     "channels-last": "UNet and VAE in channels_last memory format",
-    "fuse-qkv": "fused QKV projections in the UNet's attention",
+    "fuse-qkv": "fused QKV projections in the UNet's (FLUX: the transformer's) attention",
     "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
     "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
     "compile-unet": "torch.compile of the whole UNet as one graph (instead of compile-blocks/-resnets)",

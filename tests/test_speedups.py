@@ -267,6 +267,27 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
         assert np.array_equal(pixels(got), pixels(second))
 
 
+def test_fuse_qkv_fuses_a_flux_transformers_projections_and_changes_no_pixel():
+    """``fuse-qkv`` on a DiT: every attention's q, k and v (and the text stream's) one product,
+    read by diffusers' processors and by the groups' ring and split-decode attention alike (a
+    ring rank's three products of half the rows left SMs idle); the images are the eager ones."""
+    from worker.pipelines.models import build_flux
+    from worker.pipelines.speedups import apply
+
+    params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
+    eager = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    fused = copy.deepcopy(eager)
+    apply(fused, Speedups(frozenset({"fuse-qkv"})))
+    blocks = [*fused.transformer.transformer_blocks, *fused.transformer.single_transformer_blocks]
+    assert all(block.attn.fused_projections for block in blocks)
+    assert all(hasattr(block.attn, "to_added_qkv") for block in fused.transformer.transformer_blocks)
+    prompts, seeds = ["a red fox", "a blue jay"], [3, 4]
+    reference = run_batch(eager, params, prompts, ["", ""], seeds)
+    got = run_batch(fused, params, prompts, ["", ""], seeds)
+    for ref, image in zip(reference.images, got.images, strict=True):
+        assert np.abs(pixels(ref) - pixels(image)).max() <= 2
+
+
 @pytest.mark.long
 @pytest.mark.slow
 def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(cache_dir):

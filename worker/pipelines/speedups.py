@@ -200,13 +200,16 @@ def _apply_to_transformer(pipe: Any, speedups: Speedups, *, model: str, fp8_scal
     sees whichever attention the group installs after this."""
     started = time.perf_counter()
     transformer = getattr(pipe, "transformer", None)
-    dit = {"vae-fp16", "compile-blocks", "fp8", "cuda-graphs", "modulation-once"}
+    dit = {"vae-fp16", "compile-blocks", "fp8", "cuda-graphs", "modulation-once", "fuse-qkv"}
     used = dit if transformer is not None else {"vae-fp16"}
     if speedups.levers - used:
         log.info(
             "speedups: %s apply to SDXL's UNet; this pipeline runs without them",
             ",".join(sorted(speedups.levers - used)),
         )
+    if transformer is not None and "fuse-qkv" in speedups:
+        # first: FP8 quantizes the fused products, and the compile traces them
+        transformer.fuse_qkv_projections()
     if transformer is not None and "fp8" in speedups:
         fp8.apply(pipe, model, fp8_scales, granularity=fp8.GRANULARITY)
     if transformer is not None and "modulation-once" in speedups and modulation.install(pipe) is not None:
