@@ -461,6 +461,60 @@ def _merge() -> dict[str, Callable[[], str]]:
     }
 
 
+def _gemms() -> dict[str, Callable[[], str]]:
+    """FLUX's products at one GPU's rows and a ring rank's, on one H200 (``fluxgemms``, then
+    ``fluxfuse`` and ``fluxfuse2`` on other H200s): cuBLAS by shape, both kinds of block compiled
+    with and without Inductor's GEMM tuning and with ``fuse-qkv``, and whole images with it."""
+    tune, fuse, fuse2 = "h200-fluxgemms-call.jsonl", "h200-fluxfuse-gemms.jsonl", "h200-fluxfuse2-gemms.jsonl"
+
+    def over(layout: str) -> str:
+        line = _one(fuse, part="shapes", layout=layout)
+        return f"{line['over_half_s']:.3f} s ({line['over_half_pct']:.1f} %)"
+
+    def blocks(name: str, mode: str, tokens: str) -> float:
+        return _one(name, part="blocks", mode=mode, tokens=tokens)["s_per_img"]
+
+    def moved(mode: str, tokens: str) -> str:
+        return f"{blocks(tune, 'compile', tokens):.3f} → {blocks(tune, mode, tokens):.3f} s"
+
+    def first(mode: str) -> str:
+        found = [x["first_call_s"] for x in _lines(tune) if x.get("part") == "block" and x.get("mode") == mode]
+        return f"{min(found):.0f}-{max(found):.0f} s"
+
+    def alternated(mode: str, tokens: str) -> str:
+        found = [x["s_per_img"] for x in _lines(fuse2) if x.get("part") == "blocks" and x.get("mode") == mode
+                 and x.get("tokens") == tokens]  # fmt: skip
+        return " / ".join(f"{x:.3f}" for x in found) + " s"
+
+    def image(name: str, label: str) -> str:
+        runs = [_one(name, label=x, kind="group-bare")["s_per_img"] for x in (label, f"{label}-again")]
+        return " / ".join(f"{x:.3f}" for x in runs) + " s"
+
+    def peak(label: str) -> str:
+        return f"{_one('h200-fluxfuse-call.jsonl', label=label, kind='group-bare')['peak_gib']:.2f} GiB"
+
+    return {
+        "gemms.cublas.over": lambda: "{over_half_s:.3f} s ({over_half_pct:.1f} %)".format(**_one(tune, part="shapes")),
+        "gemms.cublas.separate": lambda: over("separate"),
+        "gemms.cublas.fused": lambda: over("fused"),
+        "gemms.cublas.fused-mlp": lambda: over("fused-mlp"),
+        "gemms.tune.half": lambda: moved("gemmtune", "half"),
+        "gemms.tune.all": lambda: moved("gemmtune", "all"),
+        "gemms.tma.half": lambda: moved("gemmtune-tma", "half"),
+        "gemms.tma.all": lambda: moved("gemmtune-tma", "all"),
+        "gemms.tune.first": lambda: first("gemmtune"),
+        "fuse.blocks.half.separate": lambda: alternated("compile", "half"),
+        "fuse.blocks.half.fused": lambda: alternated("compile+fused", "half"),
+        "fuse.blocks.all.separate": lambda: alternated("compile", "all"),
+        "fuse.blocks.all.fused": lambda: alternated("compile+fused", "all"),
+        "fuse.720.separate": lambda: image("h200-fluxfuse2-call.jsonl", "flux720-1gpu-separate"),
+        "fuse.720.fused": lambda: image("h200-fluxfuse2-call.jsonl", "flux720-1gpu-fuseqkv"),
+        "fuse.1gpu.separate": lambda: image("h200-fluxfuse-call.jsonl", "flux-1gpu-separate"),
+        "fuse.1gpu.fused": lambda: image("h200-fluxfuse-call.jsonl", "flux-1gpu-fuseqkv"),
+        "fuse.peak": lambda: f"{peak('flux-1gpu-separate')} → {peak('flux-1gpu-fuseqkv')}",
+    }
+
+
 def _exitq(model: str, field: str) -> str:
     """A group through the queue after its ranks leave by ``os._exit`` (``exitq``, 2 H200s)."""
     line = _one("h200x2-exitq-call.jsonl", kind="group-queue", model=model)
@@ -697,6 +751,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_modulation(),
     **_modring(),
     **_merge(),
+    **_gemms(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

@@ -36,6 +36,8 @@
 #   bash bench/group_device.sh exitq  # the FLUX ring of 2 and the SDXL CFG pair through the queue: each group's exit code and exit time
 #   bash bench/group_device.sh fluxgemms  # one GPU: FLUX's GEMMs at one GPU's rows and a ring rank's, cuBLAS and Inductor's tuned templates (bench/flux_gemms.py)
 #   bash bench/group_device.sh fluxfuse  # one GPU: FLUX's projections fused (fuse-qkv) by shape, by block at both row counts, and a whole image without and with
+#   bash bench/group_device.sh fluxfuse2  # one GPU: fuse-qkv at a ring rank's rows, alternated (blocks; a whole image of about half the tokens)
+#   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -463,6 +465,33 @@ fluxfuse)  # issue 46: fluxgemms found a ring rank's excess over half in q, k an
       --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
   done
   grep -h '"s_per_img"' $R | python3 -c "import sys, json; [print(r['label'], r['s_per_img'], r.get('max_pixel_diff_255')) for r in map(json.loads, sys.stdin)]"
+  ;;
+fluxfuse2)  # issue 46: fluxfuse's blocks moved by a few percent either way between runs; the same alternated with
+  # more calls, and whole images of about a ring rank's image rows (720²: 2,025 tokens) without and with fuse-qkv
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 200 python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --parts blocks --repeats 200 --budget-s 190 \
+    --modes compile,compile+fused,compile,compile+fused > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
+  grep -h '"part": "blocks"' $OUT/gemms.jsonl
+  L=vae-fp16,compile-blocks,modulation-once
+  for v in "flux720-1gpu-separate|$L|--save /tmp/flux720.npy" "flux720-1gpu-fuseqkv|$L,fuse-qkv|--compare /tmp/flux720.npy" \
+           "flux720-1gpu-separate-again|$L|--compare /tmp/flux720.npy" "flux720-1gpu-fuseqkv-again|$L,fuse-qkv|--compare /tmp/flux720.npy"; do
+    IFS='|' read -r label levers img <<< "$v"
+    [ $SECONDS -lt 480 ] && { DIFFQ_SPEEDUPS=$levers timeout 120 $TR --nproc-per-node 1 bench/group.py $F --size 720 --runs 5 \
+      $img --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+  grep -h '"s_per_img"' $R | python3 -c "import sys, json; [print(r['label'], r['s_per_img'], r['calls'], r.get('max_pixel_diff_255')) for r in map(json.loads, sys.stdin)]"
+  ;;
+fluxfusering)  # issue 46, 2 GPUs (not run yet: one GPU was lent when fuse-qkv came to FLUX): the ring of 2 with the
+  # group's defaults, without and with fuse-qkv, alternated, against one GPU with the same levers but cuda-graphs
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+    --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  for v in "flux-r2-separate|auto" "flux-r2-fuseqkv|auto,fuse-qkv" "flux-r2-separate-again|auto" "flux-r2-fuseqkv-again|auto,fuse-qkv"; do
+    IFS='|' read -r label levers <<< "$v"
+    [ $SECONDS -lt 430 ] && { DIFFQ_SPEEDUPS=$levers timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 \
+      --ring-degree 2 --compare /tmp/flux1.npy --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each
   # kind's heaviest kernels), and the product's ring through the queue (its overhead over the bare call)

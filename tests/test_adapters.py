@@ -53,6 +53,21 @@ def test_adapter_is_loaded_once_and_switched_not_reloaded(cache_dir, monkeypatch
     assert list(loaded.adapters) == ["tiny-dora"]
 
 
+def test_an_adapter_reaches_fused_projections_and_leaves_them_again(cache_dir):
+    """Under ``fuse-qkv`` attention reads q, k and v from one fused layer, not from the
+    ``to_q``/``to_k``/``to_v`` an adapter merges into: every switch copies the parts into it
+    again, so an adapter job under the lever makes the image it makes without it, and a plain
+    job after it the plain image."""
+    fused = WarmPipelines(str(cache_dir), device="cpu", speedups="fuse-qkv")
+    separate = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    assert any(getattr(m, "fused_projections", False) for m in fused.get("tiny")[0].pipe.unet.modules())
+    plain = render(fused, None)
+    with_dora = render(fused, "tiny-dora")
+    assert np.abs(with_dora - render(separate, "tiny-dora")).max() <= 2
+    assert np.abs(with_dora - plain).mean() > 1.0
+    assert np.array_equal(render(fused, None), plain)
+
+
 def make_lora(folder: Path, model_dir: Path, targets: list[str], *, alpha: int, metadata: bool) -> Path:
     """A rank-4 LoRA on the tiny UNet with random factors, saved as diffusers saves one."""
     from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel

@@ -288,6 +288,39 @@ def test_fuse_qkv_fuses_a_flux_transformers_projections_and_changes_no_pixel():
         assert np.abs(pixels(ref) - pixels(image)).max() <= 2
 
 
+@pytest.mark.parametrize("kind", ["double", "single"])
+def test_the_groups_attention_reads_fused_projections(kind):
+    """A ring group's FLUX attention (``FluxAttentionAround``, the ring's base) under
+    ``fuse-qkv``: q, k and v from the fused layer give the block's output without it."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+
+    from worker.group.ring_attention import FluxAttentionAround
+
+    class Local(FluxAttentionAround):
+        def attend(self, query, key, value):
+            out = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value)))
+            return out.transpose(1, 2)
+
+    torch.manual_seed(0)
+    block_cls = FluxTransformerBlock if kind == "double" else FluxSingleTransformerBlock
+    separate = block_cls(dim=32, num_attention_heads=2, attention_head_dim=16).eval()
+    separate.attn.set_processor(Local())
+    fused = copy.deepcopy(separate)
+    fused.attn.fuse_projections()
+    for part in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
+        if getattr(fused.attn, part, None) is not None:  # what is read is the fused layer, not these
+            getattr(fused.attn, part).weight.data.zero_()
+    inputs = {
+        "hidden_states": torch.randn(1, 12, 32),
+        "encoder_hidden_states": torch.randn(1, 4, 32),
+        "temb": torch.randn(1, 32),
+        "image_rotary_emb": (torch.randn(16, 16), torch.randn(16, 16)),
+    }
+    with torch.no_grad():
+        for want, got in zip(separate(**inputs), fused(**inputs), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.long
 @pytest.mark.slow
 def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(cache_dir):

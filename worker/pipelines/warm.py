@@ -25,7 +25,7 @@ from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import adapter_weights, empty_negative, fp8, models, step_graphs
+from worker.pipelines import adapter_weights, empty_negative, fp8, fused_qkv, models, step_graphs
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
@@ -460,8 +460,10 @@ class WarmPipelines:
                 loaded.merged.restore()  # the new adapter wraps pristine weights
                 name = self._load_adapter(loaded, loaded.merged, adapter)
             loaded.merged.use(name, scale)
+            touched = loaded.merged.touched()
+            touched += fused_qkv.refresh(loaded.pipe, touched)  # fuse-qkv's layers read no part an adapter merges into
             if "fp8" in loaded.speedups:
-                fp8.refresh(loaded.pipe, loaded.merged.touched())  # the FP8 copies of the weights adapters change
+                fp8.refresh(loaded.pipe, touched)  # the FP8 copies of the weights adapters change
             step_graphs.reset(loaded.pipe)  # a switch may give weights new memory; graphs replay the old
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
