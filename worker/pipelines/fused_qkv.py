@@ -8,9 +8,11 @@ alone. Adapters merge into the parts (their names are what LoRA and DoRA files t
 after every switch :func:`refresh` copies the parts into the fused layers again, in place: a
 compiled graph or a CUDA graph reads the same memory with the new values.
 
-Why a DiT takes it: a ring rank of 2 holds half an image's rows, and three products of half the
-rows leave SMs idle where one of three times the width does not (FLUX's text stream at 256 rows
-costs what it does at 512). The parts stay for the adapters: 4 GiB more for FLUX.1.
+Why a DiT may take it: a ring rank of 2 holds half an image's rows, and three products of half
+the rows leave SMs idle where one three times as wide does not (FLUX's text stream at 256 rows
+costs what it does at 512). Measured on one H200, a rank's blocks were 1-2 % faster with it and
+one GPU's image no faster (docs/groups.md), so it is opt-in. The parts stay for the adapters:
+4 GiB more for FLUX.1.
 """
 
 from __future__ import annotations
