@@ -18,7 +18,7 @@ keeps the ring from 2×. Two parts, each at both row counts:
   the modes' differences are the products' and their fusions'.
 
     python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --budget-s 500
-    python3 bench/flux_gemms.py --out /tmp/g.jsonl --device cpu --dim 64 --heads 2 --modes compile   # a quick check
+    python3 bench/flux_gemms.py --out /tmp/g.jsonl --device cpu --dim 64 --heads 2 --size 256 --modes compile  # quick
 """
 
 from __future__ import annotations

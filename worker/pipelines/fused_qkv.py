@@ -31,11 +31,6 @@ FUSED = {
 COMPONENTS = ("unet", "transformer")
 
 
-def fuse(model: torch.nn.Module) -> None:
-    """Fuse every attention of ``model`` (a UNet or a DiT) that diffusers can fuse."""
-    model.fuse_qkv_projections()
-
-
 def pairs(pipe: Any) -> Iterator[tuple[torch.nn.Module, list[torch.nn.Module]]]:
     """Each fused layer in ``pipe``'s denoiser with its parts."""
     for component in COMPONENTS:

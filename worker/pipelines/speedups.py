@@ -29,7 +29,7 @@ import torch
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS, DIT_CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
-from worker.pipelines import empty_negative, fp8, fused_qkv, modulation, reductions, step_graphs
+from worker.pipelines import empty_negative, fp8, modulation, reductions, step_graphs
 
 log = logging.getLogger("diffq.worker")
 
@@ -130,7 +130,7 @@ def apply(
     if unet is None:
         return _apply_to_transformer(pipe, speedups, model=model, fp8_scales=fp8_scales)
     if "fuse-qkv" in speedups:
-        fused_qkv.fuse(unet)
+        unet.fuse_qkv_projections()
     if "channels-last" in speedups:
         unet.to(memory_format=torch.channels_last)
         pipe.vae.to(memory_format=torch.channels_last)
@@ -209,7 +209,7 @@ def _apply_to_transformer(pipe: Any, speedups: Speedups, *, model: str, fp8_scal
         )
     if transformer is not None and "fuse-qkv" in speedups:
         # first: FP8 quantizes the fused products, and the compile traces them
-        fused_qkv.fuse(transformer)
+        transformer.fuse_qkv_projections()
     if transformer is not None and "fp8" in speedups:
         fp8.apply(pipe, model, fp8_scales, granularity=fp8.GRANULARITY)
     if transformer is not None and "modulation-once" in speedups and modulation.install(pipe) is not None:

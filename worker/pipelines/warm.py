@@ -461,7 +461,8 @@ class WarmPipelines:
                 name = self._load_adapter(loaded, loaded.merged, adapter)
             loaded.merged.use(name, scale)
             touched = loaded.merged.touched()
-            touched += fused_qkv.refresh(loaded.pipe, touched)  # fuse-qkv's layers read no part an adapter merges into
+            if "fuse-qkv" in loaded.speedups:
+                touched += fused_qkv.refresh(loaded.pipe, touched)  # the fused layers read no part adapters merge into
             if "fp8" in loaded.speedups:
                 fp8.refresh(loaded.pipe, touched)  # the FP8 copies of the weights adapters change
             step_graphs.reset(loaded.pipe)  # a switch may give weights new memory; graphs replay the old
