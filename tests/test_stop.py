@@ -185,19 +185,26 @@ def run_matrix(env: dict[str, str], server: RedisServer, tmp_path: Path, small_d
     if not redis_up:
         server.start()
     (small_disk / "filler").unlink()
-    drain = [
-        subprocess.Popen(
-            worker_cmd("run", "--burst", "--device", "cpu", "--queue", c.state),
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for c in cells
-        if c.images
-    ]
-    for proc in drain:
-        assert proc.wait(600) == 0
+    drain = []
+    for c in cells:
+        if c.images:
+            log = tmp_path / f"drain-{c.state}.log"
+            with log.open("w") as handle:  # kept: what a drain that does not end was waiting for
+                proc = subprocess.Popen(
+                    worker_cmd("run", "--burst", "--device", "cpu", "--queue", c.state),
+                    env=env,
+                    cwd=ROOT,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                )
+            drain.append((proc, log))
+    for proc, log in drain:
+        try:
+            code = proc.wait(600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"the drain did not end in 600 s; its log:\n{log.read_text()[-3000:]}") from None
+        assert code == 0, log.read_text()[-3000:]
     for cell in cells:
         if cell.images:
             assert_exactly_once(cell.out, cell.images)
