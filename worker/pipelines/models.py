@@ -347,7 +347,12 @@ def ensure_tiny(cache_dir: str | Path) -> Path:
     """The tiny model's folder in the standard diffusers layout, written on first use."""
 
     def write(folder: Path) -> None:
-        build_sdxl(TINY_UNET, TINY_VAE, TINY_TEXT, TINY_TEXT, vocab_size=None).save_pretrained(folder)
+        pipe = build_sdxl(TINY_UNET, TINY_VAE, TINY_TEXT, TINY_TEXT, vocab_size=None)
+        for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+            # transformers 5 writes weights only on rank 0 of an initialised process group; every
+            # rank of a group may write this folder (and the first rename wins), so each writes it whole
+            encoder.should_save_on_this_rank = lambda is_main_process: True
+        pipe.save_pretrained(folder)
 
     return _write_once(Path(cache_dir) / "models" / "tiny", write)
 
