@@ -126,7 +126,7 @@ def test_parallel_vae_on_an_sdxl_group_is_one_line_from_rank_0(env: dict[str, st
     assert result.returncode != 0 and "exitcode  : 2" in result.stderr, result.stderr[-3000:]
     line = "error: --parallel-vae splits a DiT's decoder under xDiT"
     assert result.stderr.count(line) == 1, result.stderr[-3000:]
-    assert "an SDXL CFG pair already decodes half of the batch's images on each rank" in result.stderr
+    assert "an SDXL CFG pair already splits its decode: half of the images on each rank" in result.stderr
 
 
 @pytest.mark.slow
@@ -152,12 +152,16 @@ def test_cfg_parallel_image_equals_the_single_worker_image(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
     """With ``empty-negative`` on both sides: the pair's unconditional rank skips every
-    cross-attention, the conditional rank computes all of its rows (worker/group/engine.py)."""
+    cross-attention, the conditional rank computes all of its rows (worker/group/engine.py). An
+    odd batch's last image (here each job's one) is decoded split by rows over the pair."""
     env = {**env, "DIFFQ_SPEEDUPS": "empty-negative"}
     prompts = ["a lighthouse at dusk", "two cats", "Straße im Regen"]
     group_out = enqueue(tmp_path, prompts, TINY_FLAGS)
     result = run_group(env, "--cfg-parallel", "--burst")
     assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        said = rf"rank {rank}: SDXL model tiny split: CFG parallel, [^;\n]*, an odd batch's last image decoded split"
+        assert re.search(said, result.stderr), result.stderr[-3000:]
     # the same rows for a single-process worker, on a queue of its own
     single_out = tmp_path / "single"
     flags = (*TINY_FLAGS, "--output", single_out, "--queue", "single")

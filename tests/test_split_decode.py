@@ -1,6 +1,9 @@
-"""A token-split group's decoder split by rows over its ranks (worker/group/split_decode.py), on
-2 and 4 CPU ranks over gloo: each rank decodes its rows and every rank returns the whole image,
-the whole decode's to float precision; a latent whose rows do not divide decodes whole."""
+"""A group's decoder split by rows over its ranks (worker/group/split_decode.py), on 2 and 4 CPU
+ranks over gloo: each rank decodes its rows and every rank returns the whole image, the whole
+decode's to float precision; a latent whose rows do not divide decodes whole; inside ``alone``
+each rank decodes its own images by itself (an SDXL CFG pair's even part). A compiled decoder
+(``compile-vae``) stays compiled for whole decodes, and its split twin compiles with the
+collectives inside one graph, to the same pixels."""
 
 from __future__ import annotations
 
@@ -28,15 +31,33 @@ torch.manual_seed(0)  # every rank builds the same weights and draws the same la
 vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
                     layers_per_block=1, norm_num_groups=4, down_block_types=("DownEncoderBlock2D",) * 2,
                     up_block_types=("UpDecoderBlock2D",) * 2).eval()
-latents = {rows: torch.randn(2, 4, rows, 6) for rows in (8, 12, 7)}
+compiled = sys.argv[2] == "compiled"
+# compiled, one split shape and one whole (each shape is a compile of its own, tens of seconds here)
+# (4 rows over 4 ranks: one latent row a rank, its neighbours' rows on both sides of it)
+latents = {rows: torch.randn(2, 4, rows, 6) for rows in ((8,) if compiled else (8, 12, 7, 4))}
 with torch.no_grad():
     whole = {rows: vae.decode(z).sample for rows, z in latents.items()}
+    if compiled:  # as compile-vae leaves it (worker/pipelines/speedups.py)
+        vae.decoder.compile(fullgraph=True, dynamic=False)
     assert split_decode.install(vae, dist.group.WORLD) and not split_decode.install(vae, dist.group.WORLD)
+    twin = vae.decoder.twin
+    assert all(a is b for a, b in zip(vae.decoder.decoder.parameters(), twin.parameters()))  # no second copy
+    assert (twin._compiled_call_impl is not None) == compiled == (vae.decoder.decoder._compiled_call_impl is not None)
     for rows, z in latents.items():
         split = vae.decode(z).sample
         error = (split - whole[rows]).abs().max().item()
         assert split.shape == whole[rows].shape and error < 1e-5, (rows, split.shape, error)
         print(f"rank {rank} rows {rows}: {error:.1e}", flush=True)
+    # alone: rank r decodes image r of a batch by itself; ranks beyond the batch decode nothing
+    # (a collective here would wait for them for ever)
+    if rank < 2:
+        with split_decode.alone(vae):
+            mine = vae.decode(latents[8][rank : rank + 1]).sample
+        error = (mine - whole[8][rank : rank + 1]).abs().max().item()
+        assert error < 1e-5, error
+        print(f"rank {rank} alone: {error:.1e}", flush=True)
+    assert not vae.decoder.alone
+    dist.barrier()
 dist.destroy_process_group()
 # as a group's ranks leave (worker/group/cli.py's _finish): not through the interpreter's finalization,
 # where gloo's threads letting go of a collective's tensors can abort the process (bench/exit_abort.py)
@@ -45,13 +66,15 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize(("ranks", "compiled"), [(2, "eager"), (4, "eager"), (2, "compiled")])
+def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(
+    tmp_path: Path, ranks: int, compiled: str
+) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     run = subprocess.run(
-        [*command, str(script), str(ROOT)],
+        [*command, str(script), str(ROOT), compiled],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         cwd=ROOT,
         capture_output=True,
@@ -60,4 +83,6 @@ def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(tmp_path
     )
     assert run.returncode == 0, run.stderr[-3000:]
     seen = re.findall(r"rank (\d+) rows (\d+): ", run.stdout)
-    assert sorted(seen) == sorted((str(r), rows) for r in range(ranks) for rows in ("8", "12", "7")), run.stdout
+    sizes = ("8",) if compiled == "compiled" else ("8", "12", "7", "4")
+    assert sorted(seen) == sorted((str(r), rows) for r in range(ranks) for rows in sizes), run.stdout
+    assert sorted(re.findall(r"rank (\d+) alone: ", run.stdout)) == ["0", "1"], run.stdout
