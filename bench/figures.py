@@ -461,6 +461,31 @@ def _merge() -> dict[str, Callable[[], str]]:
     }
 
 
+def _pairparts() -> dict[str, Callable[[], str]]:
+    """An SDXL CFG pair's serial parts at batch 1 on one H200 (``pairparts``): the decoder whole
+    and at half rows, the split twin, the prompt's encode; the halo by concatenation before
+    (``h200-pairparts-cat-call``, the call before on another H200)."""
+    name, before = "h200-pairparts-call.jsonl", "h200-pairparts-cat-call.jsonl"
+
+    def ms(how: str, rows: str | None = None, of: str = name) -> float:
+        return _one(of, part="decode" if rows else "encode", how=how, **({"rows": rows} if rows else {}))["ms"]
+
+    twin = "split twin, compiled, 1 rank"
+    return {
+        "pair.decode.eager": lambda: f"{ms('eager', 'whole'):.1f} / {ms('eager', 'half'):.1f} ms",
+        "pair.decode.compiled": lambda: f"{ms('compiled', 'whole'):.1f} / {ms('compiled', 'half'):.1f} ms",
+        "pair.decode.rank": lambda: f"{ms('split twin, compiled, rank 0 of 2, exchanges local', 'half'):.1f} ms",
+        "pair.decode.compile-diff": lambda: f"{_one(name, how='compiled', rows='whole')['max_diff_255']:.2f}/255",
+        "pair.decode.twin-diff": lambda: f"{_one(name, how=twin)['max_diff_255_vs_compiled']:.2f}/255",
+        "pair.decode.twin": lambda: f"{ms(twin, 'whole'):.2f} ms against {ms('compiled', 'whole'):.2f}",
+        "pair.decode.twin-cat": lambda: (
+            f"{ms(twin, 'whole', before):.2f} ms against {ms('compiled', 'whole', before):.2f}"
+        ),
+        "pair.encode": lambda: f"{ms('eager'):.1f} → {ms('compiled'):.1f} ms",
+        "pair.encode.before": lambda: f"{ms('eager', of=before):.1f} → {ms('compiled', of=before):.1f} ms",
+    }
+
+
 def _gemms() -> dict[str, Callable[[], str]]:
     """FLUX's products at one GPU's rows and a ring rank's, on one H200 (``fluxgemms``, then
     ``fluxfuse`` and ``fluxfuse2`` on other H200s): cuBLAS by shape, both kinds of block compiled
@@ -752,6 +777,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_modring(),
     **_merge(),
     **_gemms(),
+    **_pairparts(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

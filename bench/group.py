@@ -97,8 +97,9 @@ def main() -> None:
     ap.add_argument(
         "--whole-decode",
         action="store_true",
-        help="A/B, on a Ulysses or ring group: every rank decodes the whole latent, as the product did before "
-        "2026-11-28's split decode (worker/group/split_decode.py)",
+        help="A/B: no decode split by rows (worker/group/split_decode.py): every rank of a Ulysses or ring group "
+        "decodes the whole latent (the product before 2026-11-28), and an SDXL CFG pair decodes an odd batch's "
+        "last image whole on both ranks (before 2026-11-29)",
     )
     ap.add_argument(
         "--ring-bshd",
@@ -211,7 +212,8 @@ def main() -> None:
     way = engine.token_split[0] if engine.token_split else None
     if (args.cp_chunks or args.overlap) and way != "ulysses":
         raise SystemExit("--cp-chunks and --overlap change diffusers' Ulysses split: FLUX, --ulysses-degree only")
-    split = f"diffusers, {way}" if way else "xdit" if layout.model_parallel else "diffq"
+    flux = "Flux" in type(engine.loaded.pipe).__name__
+    split = f"diffusers, {way}" if way else "xdit" if flux and layout.model_parallel else "diffq"
     split += f", attention {args.attention}" if args.attention else ""
     split += ", gather not overlapped" if way == "ring" and args.no_overlap_gather else ""
     split += ", diffusers' ring" if way == "ring" and args.diffusers_ring else ""
@@ -285,6 +287,8 @@ def main() -> None:
             "s_per_call": round(min(times), 4),
             "calls": [round(t, 4) for t in times],
             "s_per_img": round(min(times) / batch, 4),
+            # rank 0's encode / denoise / decode in the last call (each phase ends with a sync)
+            "phases": {k: round(v, 4) for k, v in (answer.timings or {}).items()} if answer is not None else None,
             "load_s": round(load_s, 1),
             "first_call_s": round(first_call_s, 1),
             "speedups": os.environ.get("DIFFQ_SPEEDUPS", "auto"),

@@ -37,6 +37,8 @@
 #   bash bench/group_device.sh fluxgemms  # one GPU: FLUX's GEMMs at one GPU's rows and a ring rank's, cuBLAS and Inductor's tuned templates (bench/flux_gemms.py)
 #   bash bench/group_device.sh fluxfuse  # one GPU: FLUX's projections fused (fuse-qkv) by shape, by block at both row counts, and a whole image without and with
 #   bash bench/group_device.sh fluxfuse2  # one GPU: fuse-qkv at a ring rank's rows, alternated (blocks; a whole image of about half the tokens)
+#   bash bench/group_device.sh pairparts  # one GPU: an SDXL CFG pair's serial parts at batch 1 (decode whole and at half rows, the split twin compiled; the prompt's encode eager and compiled)
+#   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
@@ -480,6 +482,32 @@ fluxfuse2)  # issue 46: fluxfuse's blocks moved by a few percent either way betw
       $img --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
   done
   grep -h '"s_per_img"' $R | python3 -c "import sys, json; [print(r['label'], r['s_per_img'], r['calls'], r.get('max_pixel_diff_255')) for r in map(json.loads, sys.stdin)]"
+  ;;
+pairparts)  # issue 46, one GPU: an SDXL CFG pair's serial parts at batch 1 (bench/pair_parts.py): the decoder at
+  # the whole latent's rows and at a rank's half, eager and compiled; the split twin compiled with its collectives
+  # over a one-rank NCCL group; the prompt's encode eager and with the text encoders compiled
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 520 python3 bench/pair_parts.py --out $R > $OUT/parts.log 2>&1; echo "parts rc=$? at ${SECONDS}s"
+  grep -h -i -E "error|Traceback" $OUT/parts.log | head -5
+  ;;
+cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
+  # image decoded split by rows (the product since 2026-11-29) against whole on both ranks (--whole-decode),
+  # alternated, against one GPU with the worker's levers and with cuda-graphs; then through the queue
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  W=vae-fp16,compile-unet,compile-vae
+  DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy \
+    --out $R --label sdxl-1gpu-worker-levers > $OUT/sdxl1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$W,cuda-graphs timeout 120 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-cuda-graphs > $OUT/sdxl1g.log 2>&1; echo "1 GPU, cuda-graphs rc=$? at ${SECONDS}s"
+  for v in "sdxl-cfg2-split-decode|" "sdxl-cfg2-whole-decode|--whole-decode" "sdxl-cfg2-split-decode-again|" \
+      "sdxl-cfg2-whole-decode-again|--whole-decode"; do
+    IFS='|' read -r label flags <<< "$v"
+    [ $SECONDS -lt 420 ] && { timeout 160 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 5 \
+      $flags --compare /tmp/sdxl1.npy --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+  [ $SECONDS -lt 480 ] && { timeout $((570 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxfusering)  # issue 46, 2 GPUs (not run yet: one GPU was lent when fuse-qkv came to FLUX): the ring of 2 with the
   # group's defaults, without and with fuse-qkv, alternated, against one GPU with the same levers but cuda-graphs
