@@ -2,8 +2,8 @@
 ranks over gloo: each rank decodes its rows and every rank returns the whole image, the whole
 decode's to float precision; a latent whose rows do not divide decodes whole; inside ``alone``
 each rank decodes its own images by itself (an SDXL CFG pair's even part). A compiled decoder
-(``compile-vae``) stays compiled for whole decodes, and its split twin compiles with the
-collectives inside one graph, to the same pixels."""
+(``compile-vae``, into precompiled files as in a group) stays compiled for whole decodes, and its
+split twin compiles with the collectives inside one graph, to the same pixels."""
 
 from __future__ import annotations
 
@@ -37,12 +37,18 @@ compiled = sys.argv[2] == "compiled"
 latents = {rows: torch.randn(2, 4, rows, 6) for rows in ((8,) if compiled else (8, 12, 7, 4))}
 with torch.no_grad():
     whole = {rows: vae.decode(z).sample for rows, z in latents.items()}
-    if compiled:  # as compile-vae leaves it (worker/pipelines/speedups.py)
-        vae.decoder.compile(fullgraph=True, dynamic=False)
+    if compiled:  # as compile-vae leaves it in a group (worker/pipelines/warm.py: into precompiled files)
+        from pathlib import Path
+        from worker.pipelines import precompiled
+        precompiled.install(vae.decoder, precompiled.Store(Path(sys.argv[3]) / f"rank{rank}"), {"model": "test"})
+    lazily = torch.nn.Conv2d(1, 1, 1)
+    lazily.compile()  # compile-vae without precompiled files (nothing is traced until a call)
+    assert split_decode._compiled(lazily) and not split_decode._compiled(torch.nn.Conv2d(1, 1, 1))
     assert split_decode.install(vae, dist.group.WORLD) and not split_decode.install(vae, dist.group.WORLD)
     twin = vae.decoder.twin
     assert all(a is b for a, b in zip(vae.decoder.decoder.parameters(), twin.parameters()))  # no second copy
-    assert (twin._compiled_call_impl is not None) == compiled == (vae.decoder.decoder._compiled_call_impl is not None)
+    assert (twin._compiled_call_impl is not None) == compiled and "forward" not in twin.__dict__
+    assert ("forward" in vae.decoder.decoder.__dict__) == compiled  # the decoder keeps its precompiled forward
     for rows, z in latents.items():
         split = vae.decode(z).sample
         error = (split - whole[rows]).abs().max().item()
@@ -74,7 +80,7 @@ def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(
     script.write_text(RANK)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     run = subprocess.run(
-        [*command, str(script), str(ROOT), compiled],
+        [*command, str(script), str(ROOT), compiled, str(tmp_path / "precompiled")],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         cwd=ROOT,
         capture_output=True,
