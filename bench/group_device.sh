@@ -38,6 +38,7 @@
 #   bash bench/group_device.sh fluxfuse  # one GPU: FLUX's projections fused (fuse-qkv) by shape, by block at both row counts, and a whole image without and with
 #   bash bench/group_device.sh fluxfuse2  # one GPU: fuse-qkv at a ring rank's rows, alternated (blocks; a whole image of about half the tokens)
 #   bash bench/group_device.sh pairparts  # one GPU: an SDXL CFG pair's serial parts at batch 1 (decode whole and at half rows, the split twin compiled; the prompt's encode eager and compiled)
+#   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
@@ -489,6 +490,17 @@ pairparts)  # issue 46, one GPU: an SDXL CFG pair's serial parts at batch 1 (ben
   export TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   timeout 520 python3 bench/pair_parts.py --out $R > $OUT/parts.log 2>&1; echo "parts rc=$? at ${SECONDS}s"
   grep -h -i -E "error|Traceback" $OUT/parts.log | head -5
+  ;;
+fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank's one row than at one GPU's two? SDXL's
+  # 32x32-level transformer (10 of the 60 blocks there; bench/unet_levers.py --part down2), then the whole UNet at one
+  # row, each under CUDA graphs without and with q, k and v as one product
+  for r in 1 2; do
+    timeout 150 python3 bench/unet_levers.py --out $OUT/part$r.jsonl --rows $r --part down2 --repeats 30 --budget-s 140 \
+      --min-left-s 20 --variants cudagraphs-fp16,fusedgraphs-fp16,cudagraphs-fp16 > $OUT/part$r.log 2>&1; echo "part rows $r rc=$? at ${SECONDS}s"
+  done
+  timeout $((560 - SECONDS)) python3 bench/unet_levers.py --out $OUT/unet1.jsonl --rows 1 --budget-s $((550 - SECONDS)) \
+    --min-left-s 150 --variants cudagraphs-fp16,fusedgraphs-fp16 > $OUT/unet1.log 2>&1; echo "unet rows 1 rc=$? at ${SECONDS}s"
+  cat $OUT/part1.jsonl $OUT/part2.jsonl $OUT/unet1.jsonl > $R 2>/dev/null; grep -h -i -E "error|Traceback" $OUT/*.log | head -5
   ;;
 cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
   # image decoded split by rows (the product since 2026-11-29) against whole on both ranks (--whole-decode),
