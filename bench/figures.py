@@ -486,6 +486,26 @@ def _pairparts() -> dict[str, Callable[[], str]]:
     }
 
 
+def _fusedrows() -> dict[str, Callable[[], str]]:
+    """``fuse-qkv`` at a CFG rank's one row and one GPU's two, under CUDA graphs, one H200
+    (``fusedrows``): a 32x32-level transformer (unfused, fused, unfused again) and the whole UNet."""
+    name = "h200-fusedrows-call.jsonl"
+
+    def steps(part: str, rows: int) -> list[float]:
+        return [x["step_ms"] for x in _lines(name) if x.get("kind") == "unet" and x["part"] == part
+                and x["unet_batch"] == rows]  # fmt: skip
+
+    def block(rows: int) -> str:
+        a, fused, again = steps("down2", rows)
+        return f"{a:.2f} / {again:.2f} → {fused:.2f} ms"
+
+    return {
+        "fusedrows.block.1": lambda: block(1),
+        "fusedrows.block.2": lambda: block(2),
+        "fusedrows.unet.1": lambda: "{:.2f} → {:.2f} ms".format(*steps("unet", 1)),
+    }
+
+
 def _gemms() -> dict[str, Callable[[], str]]:
     """FLUX's products at one GPU's rows and a ring rank's, on one H200 (``fluxgemms``, then
     ``fluxfuse`` and ``fluxfuse2`` on other H200s): cuBLAS by shape, both kinds of block compiled
@@ -778,6 +798,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_merge(),
     **_gemms(),
     **_pairparts(),
+    **_fusedrows(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))
