@@ -19,7 +19,10 @@ ranks decodes whole on every rank, and inside :func:`alone` a rank decodes its o
 itself: an SDXL CFG pair's even part). Where the decoder was compiled (``compile-vae``), the twin
 is compiled too, its collectives inside the one graph.
 
-Measured (FLUX 1024², ring of 2, 2 H200s, one call, ``fluxdecode``, alternated): 2.390 / 2.352 s
+Measured (FLUX 1024², ring of 2, 2 H200s, one call, ``fluxdecode``, alternated; eager, each 3×3
+convolution's input then padded by concatenation, a copy the edge rows' recomputation replaced:
+on one H200 a one-rank twin took 37.57 ms where the compiled decoder took 37.39, 42.87 against
+36.81 by concatenation, ``pairparts``): 2.390 / 2.352 s
 an image against 2.438 / 2.408 s with every rank decoding all of it (one GPU 3.976 s); images
 within 6/255 of one GPU's either way; peak memory 34.30 GiB against 33.92, and 42.55 GiB at 2048²
 against 41.06 with whole decodes (2 H100s, ``fluxring5``): the statistics' fp32 copies of the
