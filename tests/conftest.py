@@ -188,6 +188,21 @@ def interpreted(code: str, argument: object) -> list:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_ranks(
+    script: Path, *args: str, ranks: int = 2, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``script args`` as ``ranks`` processes under torchrun (one machine, one thread each), output captured."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    return subprocess.run(
+        [*command, str(script), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"} if env is None else env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def write_csv(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path

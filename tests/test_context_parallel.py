@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_ranks
 from test_speedups import TINY_FLUX
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,19 +83,11 @@ EIGHT_HEADS = {**TINY_FLUX, "transformer": {**TINY_FLUX["transformer"], "num_att
 def test_diffusers_split_halves_the_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, exchange: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if exchange == "ring":
         # where each compiled block issues and waits for its gather (compiled afresh: a cached graph prints no code)
         env |= {"TORCH_LOGS": "output_code", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-    run = subprocess.run(
-        [*command, str(ROOT), json.dumps(EIGHT_HEADS), str(tmp_path), exchange],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    run = run_ranks(script, str(ROOT), json.dumps(EIGHT_HEADS), str(tmp_path), exchange, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for report in reports:  # 2 steps alone, then 2 split and 2 compiled, where a rank sees half the tokens
@@ -184,13 +175,10 @@ def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_pat
     views (bench/ring_bshd.py), and as the bench's one attention over all keys (bench/ring_whole.py)."""
     script = tmp_path / "ring.py"
     script.write_text(RING)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if how == "pull":
         env |= {"TORCH_LOGS": "output_code", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-    run = subprocess.run(
-        [*command, str(script), str(ROOT), how], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    run = run_ranks(script, str(ROOT), how, ranks=ranks, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d+): ", run.stdout)) == [str(r) for r in range(ranks)], run.stdout
     if how == "pull":

@@ -7,13 +7,11 @@ split twin compiles with the collectives inside one graph, to the same pixels.""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,15 +76,7 @@ def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(
 ) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
-    run = subprocess.run(
-        [*command, str(script), str(ROOT), compiled, str(tmp_path / "precompiled")],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_ranks(script, str(ROOT), compiled, str(tmp_path / "precompiled"), ranks=ranks)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = re.findall(r"rank (\d+) rows (\d+): ", run.stdout)
     sizes = ("8",) if compiled == "compiled" else ("8", "12", "7", "4")

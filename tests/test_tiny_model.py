@@ -5,12 +5,9 @@ a folder marked complete, so every later load failed)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, run_ranks
 
 RANK = r"""
 import os, sys
@@ -37,14 +34,6 @@ os._exit(0)
 def test_every_rank_of_a_group_writes_a_whole_tiny_model(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    run = subprocess.run(
-        [*command, str(script), str(ROOT), str(tmp_path / "cache")],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_ranks(script, str(ROOT), str(tmp_path / "cache"))
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(run.stdout.split("\n")[:-1]) == ["rank 0 loaded", "rank 1 loaded"], run.stdout
