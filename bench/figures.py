@@ -486,6 +486,56 @@ def _pairparts() -> dict[str, Callable[[], str]]:
     }
 
 
+def _decodemem() -> dict[str, Callable[[], str]]:
+    """FLUX's decoder (bf16) on one H200 (``decodemem``): the whole decode against a pair's rank
+    (its exchanges local) and the one-rank twin, the split GroupNorm in parts (the product) and
+    over the whole activation (before), alternated; then compiled."""
+    name = "h200-decodemem-call.jsonl"
+
+    def runs(size: int, how: str, groupnorm: str | None, compiled: bool = False) -> list[dict[str, Any]]:
+        return [x for x in _lines(name) if x["size"] == size and x["how"] == how and x.get("groupnorm") == groupnorm
+                and x.get("compiled") == compiled and "peak_mib" in x]  # fmt: skip
+
+    def ms(size: int, how: str, groupnorm: str | None, compiled: bool = False) -> str:
+        return " / ".join(f"{x['ms']:.1f}" for x in runs(size, how, groupnorm, compiled)) + " ms"
+
+    def peak(size: int, how: str, groupnorm: str | None, compiled: bool = False) -> str:
+        (mib,) = {x["peak_mib"] for x in runs(size, how, groupnorm, compiled)}  # the same on every run
+        return f"{mib:,.0f} MiB"
+
+    rank, twin = "rank 0 of 2, exchanges local", "twin, 1 rank"
+    out: dict[str, Callable[[], str]] = {}
+    for size in (1024, 2048):
+        out |= {
+            f"decodemem.{size}.whole": lambda s=size: f"{peak(s, 'whole', None)}, {ms(s, 'whole', None)}",
+            f"decodemem.{size}.rank": lambda s=size: f"{peak(s, rank, 'parts')}, {ms(s, rank, 'parts')}",
+            f"decodemem.{size}.rank.before": lambda s=size: (
+                f"{peak(s, rank, 'whole activation')}, {ms(s, rank, 'whole activation')}"
+            ),
+            f"decodemem.{size}.twin": lambda s=size: f"{ms(s, twin, 'parts')}",
+            f"decodemem.{size}.twin.before": lambda s=size: f"{peak(s, twin, 'whole activation')}",
+            f"decodemem.{size}.compiled": lambda s=size: (
+                f"{peak(s, 'whole', None, True)}, {ms(s, 'whole', None, True)}"
+            ),
+            f"decodemem.{size}.compiled.rank": lambda s=size: (
+                f"{peak(s, rank, 'compiled', True)}, {ms(s, rank, 'compiled', True)}"
+            ),
+            f"decodemem.{size}.compiled.eager": lambda s=size: (  # the compiled run's process, before its compile
+                "".join(f"{x['ms']:.1f} ms" for x in _lines(name) if x["size"] == s and "peak_mib" not in x)
+            ),
+            f"decodemem.{size}.compiled.diff": lambda s=size: (
+                f"{_one(name, size=s, how='whole', compiled=True, groupnorm=None)['max_diff_255_vs_eager']:.2f}/255"
+            ),
+        }
+    out["decodemem.twin.diff"] = lambda: (
+        "/".join(
+            sorted({f"{x['max_diff_255']:.2f}" for x in _lines(name) if x["how"] == twin and x["groupnorm"] == "parts"})
+        )
+        + "/255"
+    )
+    return out
+
+
 def _fusedrows() -> dict[str, Callable[[], str]]:
     """``fuse-qkv`` at a CFG rank's one row and one GPU's two, under CUDA graphs, one H200
     (``fusedrows``): a 32x32-level transformer (unfused, fused, unfused again) and the whole UNet."""
@@ -799,6 +849,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_gemms(),
     **_pairparts(),
     **_fusedrows(),
+    **_decodemem(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

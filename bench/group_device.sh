@@ -38,6 +38,7 @@
 #   bash bench/group_device.sh fluxfuse  # one GPU: FLUX's projections fused (fuse-qkv) by shape, by block at both row counts, and a whole image without and with
 #   bash bench/group_device.sh fluxfuse2  # one GPU: fuse-qkv at a ring rank's rows, alternated (blocks; a whole image of about half the tokens)
 #   bash bench/group_device.sh pairparts  # one GPU: an SDXL CFG pair's serial parts at batch 1 (decode whole and at half rows, the split twin compiled; the prompt's encode eager and compiled)
+#   bash bench/group_device.sh decodemem  # one GPU: FLUX's decoder (bf16) whole against a rank's split twin, peak memory and time, its GroupNorm in parts and whole; then compiled
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -490,6 +491,15 @@ pairparts)  # issue 46, one GPU: an SDXL CFG pair's serial parts at batch 1 (ben
   export TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   timeout 520 python3 bench/pair_parts.py --out $R > $OUT/parts.log 2>&1; echo "parts rc=$? at ${SECONDS}s"
   grep -h -i -E "error|Traceback" $OUT/parts.log | head -5
+  ;;
+decodemem)  # issue 46, one GPU: a FLUX group rank's split decode against one GPU's whole decode (bench/decode_memory.py),
+  # 1024² and 2048², peak memory and time, the split GroupNorm in parts (the product) and over the whole activation (before)
+  # (then compiled, as compile-vae compiles SDXL's: is it a lever for FLUX's decoder on one GPU and on a rank?)
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 200 python3 bench/decode_memory.py --out $R > $OUT/decode.log 2>&1; echo "decode rc=$? at ${SECONDS}s"
+  timeout $((540 - SECONDS)) python3 bench/decode_memory.py --out $R --compiled > $OUT/decode-compiled.log 2>&1
+  echo "decode compiled rc=$? at ${SECONDS}s"
+  grep -h -i -E "error|Traceback" $OUT/decode*.log | head -5
   ;;
 fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank's one row than at one GPU's two? SDXL's
   # 32x32-level transformer (10 of the 60 blocks there; bench/unet_levers.py --part down2), then the whole UNet at one

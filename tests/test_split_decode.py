@@ -3,7 +3,8 @@ ranks over gloo: each rank decodes its rows and every rank returns the whole ima
 decode's to float precision; a latent whose rows do not divide decodes whole; inside ``alone``
 each rank decodes its own images by itself (an SDXL CFG pair's even part). A compiled decoder
 (``compile-vae``, into precompiled files as in a group) stays compiled for whole decodes, and its
-split twin compiles with the collectives inside one graph, to the same pixels."""
+split twin compiles with the collectives inside one graph, to the same pixels. A rank's split
+decode holds less memory at its peak than a whole decode (in bf16, as a FLUX group decodes)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,92 @@ def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(
     sizes = ("8",) if compiled == "compiled" else ("8", "12", "7", "4")
     assert sorted(seen) == sorted((str(r), rows) for r in range(ranks) for rows in sizes), run.stdout
     assert sorted(re.findall(r"rank (\d+) alone: ", run.stdout)) == ["0", "1"], run.stdout
+
+
+MEMORY = r"""
+import os, sys, weakref
+import torch, torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+sys.path[:0] = [sys.argv[1]]
+from diffusers import AutoencoderKL
+from worker.group import split_decode
+
+
+class Peak(TorchDispatchMode):
+    # the bytes of the storages that ops make inside it, live at once at most (what a CUDA
+    # allocator would hold for them; a CPU kernel's own scratch is not seen)
+    def __init__(self, *already: torch.Tensor) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen = {t.untyped_storage().data_ptr() for t in already}
+
+    def _free(self, key: int, n: int) -> None:
+        self.seen.discard(key)
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.seen:
+                storage = t.untyped_storage()
+                key, n = storage.data_ptr(), storage.nbytes()
+                self.seen.add(key)
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._free, key, n)
+        return out
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+# parts as a 2048² image's largest activations take them: here 8 parts of one group each
+split_decode._SplitGroupNorm.part_bytes = 4096
+torch.manual_seed(0)
+vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64),
+                    layers_per_block=1, norm_num_groups=8, down_block_types=("DownEncoderBlock2D",) * 2,
+                    up_block_types=("UpDecoderBlock2D",) * 2).eval().to(torch.bfloat16)
+z = torch.randn(1, 4, 32, 32, dtype=torch.bfloat16)
+with torch.inference_mode():
+    with Peak(z) as whole_peak:
+        whole = vae.decode(z).sample
+    assert split_decode.install(vae, dist.group.WORLD)
+    with Peak(z) as split_peak:
+        split = vae.decode(z).sample
+    norm = vae.decoder.twin.up_blocks[1].resnets[0].norm1
+    x = torch.randn(1, 64, 16, 32, dtype=torch.bfloat16)  # a rank's half of 32 rows
+    with Peak(x) as norm_peak:
+        normed = norm(x)
+    halves = x.new_empty(2, *x.shape)
+    dist.all_gather_into_tensor(halves.flatten(), x.flatten())
+    every = torch.cat(list(halves), 2)
+    weight, bias = norm.norm.weight.float(), norm.norm.bias.float()
+    reference = torch.nn.functional.group_norm(every.float(), 8, weight, bias, norm.norm.eps)
+    error = (normed.float() - reference[:, :, rank * 16 : (rank + 1) * 16]).abs().max().item()
+    image_error = (split.float() - whole.float()).abs().max().item()
+print(f"rank {rank}: whole {whole_peak.peak} split {split_peak.peak} norm {norm_peak.peak} input {x.nbytes} "
+      f"error {error:.4f} image {image_error:.4f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_ranks_split_decode_holds_less_memory_than_a_whole_decode(tmp_path: Path) -> None:
+    """bf16, as a FLUX group decodes (eager): each GroupNorm holds one fp32 copy of a part of its
+    groups at a time, so a rank's half of the rows peaks below one GPU's whole decode (before, the
+    fp32 copies of whole activations put it 1.8 times above here, and 1.5 GiB above at 2048²)."""
+    script = tmp_path / "memory.py"
+    script.write_text(MEMORY)
+    run = run_ranks(script, str(ROOT), ranks=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = re.findall(
+        r"rank (\d): whole (\d+) split (\d+) norm (\d+) input (\d+) error ([\d.]+) image ([\d.]+)", run.stdout
+    )
+    assert sorted(line[0] for line in lines) == ["0", "1"], run.stdout
+    for _, whole, split, norm, size, error, image in lines:
+        assert int(split) < 0.75 * int(whole), (split, whole)
+        assert int(norm) <= 1.3 * int(size), (norm, size)  # its output, and one group of eight in fp32
+        assert float(error) <= 1 / 64, error  # bf16's rounding of the normalised values (|x| < 4)
+        assert float(image) <= 2 / 127.5, image  # within 1/255 (the image spans [-1, 1]) of the whole decode

@@ -9,7 +9,8 @@ What would make a rank's half differ from the same rows of the whole decode is r
 - a 3×3 convolution reads one row beyond each edge: the ranks swap their edge rows first and
   pad with their neighbour's (zeros at the image's edges, as the convolution's own padding);
 - a GroupNorm's statistics are over the whole image: each rank sums its rows (fp32), the sums
-  are all-reduced, the mean first and then the variance about it;
+  are all-reduced, the mean first and then the variance about it (eager, in parts of the
+  groups at a 2048² image's largest activations: no fp32 copy of the whole activation);
 - the middle block's attention attends every token: its keys and values are gathered.
 1×1 convolutions, nearest-neighbour upsampling, SiLU and the residual adds are row by row.
 
@@ -25,8 +26,10 @@ on one H200 a one-rank twin took 37.57 ms where the compiled decoder took 37.39,
 36.81 by concatenation, ``pairparts``): 2.390 / 2.352 s
 an image against 2.438 / 2.408 s with every rank decoding all of it (one GPU 3.976 s); images
 within 6/255 of one GPU's either way; peak memory 34.30 GiB against 33.92, and 42.55 GiB at 2048²
-against 41.06 with whole decodes (2 H100s, ``fluxring5``): the statistics' fp32 copies of the
-largest activations outweigh the half rows.
+against 41.06 with whole decodes (2 H100s, ``fluxring5``): the GroupNorm's fp32 copies of the
+largest activations outweighed the half rows. Without them (one H200, ``decodemem``, FLUX's
+decoder at 2048² in bf16) a rank peaks 4.8 GiB above its inputs where the whole decode peaks
+9.5 GiB (11.0 GiB with the copies), in 140 ms against 171 ms with the copies and 397 ms whole.
 """
 
 from __future__ import annotations
@@ -91,17 +94,62 @@ class _HaloConv(nn.Module):
 
 
 class _SplitGroupNorm(nn.Module):
-    """GroupNorm whose statistics are the whole image's: ``[B, C, ...]`` rows split across ranks."""
+    """GroupNorm whose statistics are the whole image's: ``[B, C, ...]`` rows split across ranks.
+
+    Eager, it holds one fp32 copy of some of its groups at a time (at most ``part_bytes``):
+    computed over the whole activation at once, its fp32 copies (the upcast, the centred values,
+    their squares, the affine's products) held ten times the input's bytes, and a rank's split
+    decode at 2048² peaked 1.5 GiB above a whole decode's (2 H100s, ``fluxring5``). Its sums are
+    ``torch.sum`` reductions, which spread a group over many blocks: ATen's GroupNorm gives each
+    (image, group) one block, 32 blocks for one image (``RowwiseMomentsCUDAKernel``, 0.05 s of a
+    FLUX ring rank's 0.09 s decode). Compiled, Inductor fuses the plain formulation into
+    reductions and one pointwise kernel, with no copy.
+    """
+
+    #: eager: the most bytes of fp32 centred values held at once (a 2048² image's largest
+    #: activations go in parts; at 1024² parts cost more launches than they save memory)
+    part_bytes = 256 * 2**20
 
     def __init__(self, norm: nn.GroupNorm, split: _Split) -> None:
         super().__init__()
         self.norm, self.split = norm, split
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._fused(x)
+        norm, group = self.norm, self.split.group
+        batch, channels = x.shape[:2]
+        groups = norm.num_groups
+        grouped = x.reshape(batch, groups, -1)
+        count = grouped.shape[-1] * self.split.world  # every rank holds as many rows
+        parts = min(groups, -(-x.numel() * 4 // self.part_bytes))
+        step = -(-groups // parts)
+        slices = [slice(g, g + step) for g in range(0, groups, step)]
+        # a half-precision sum accumulates in fp32 on CUDA without a copy of its input
+        sums = torch.cat([grouped[:, p].sum(-1, dtype=torch.float32) for p in slices], 1)  # [B, G]
+        dist.all_reduce(sums, group=group)
+        mean = sums / count
+        norms = [torch.linalg.vector_norm(grouped[:, p] - mean[:, p, None], dim=-1) for p in slices]
+        var = torch.cat(norms, 1).square_()
+        dist.all_reduce(var, group=group)
+        # (x - mean) * rstd * weight + bias as x * scale + shift, per channel, computed in fp32
+        # and written in x's dtype by one kernel
+        per_group = channels // groups
+        scale = torch.rsqrt(var / count + norm.eps).repeat_interleave(per_group, 1)  # [B, C]
+        shift = -mean.repeat_interleave(per_group, 1) * scale
+        if norm.affine:
+            scale = scale * norm.weight.float()
+            shift = shift * norm.weight.float() + norm.bias.float()
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        flat = out.view(batch, channels, -1)
+        torch.addcmul(shift[..., None], x.reshape(batch, channels, -1), scale[..., None], out=flat)
+        return out
+
+    def _fused(self, x: torch.Tensor) -> torch.Tensor:
         norm, group = self.norm, self.split.group
         batch, channels = x.shape[:2]
         grouped = x.float().reshape(batch, norm.num_groups, -1)
-        count = grouped.shape[-1] * self.split.world  # every rank holds as many rows
+        count = grouped.shape[-1] * self.split.world
         sums = grouped.sum(-1, keepdim=True)
         dist.all_reduce(sums, group=group)
         centred = grouped - sums / count
