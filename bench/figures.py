@@ -536,6 +536,33 @@ def _decodemem() -> dict[str, Callable[[], str]]:
     return out
 
 
+def _fluxvae() -> dict[str, Callable[[], str]]:
+    """FLUX on one H200 (``fluxvae``): the DiT's defaults without and with ``compile-vae``,
+    alternated at 1024², once each at 2048²."""
+    name = "h200-fluxvae-call.jsonl"
+
+    def run(label: str) -> dict[str, Any]:
+        return _one(name, label=label)
+
+    def pair(size: str, field: str, unit: str, digits: int) -> str:
+        a, b = (run(f"flux-{size}1gpu-{v}")[field] for v in ("without", "with"))
+        return f"{a:.{digits}f} → {b:.{digits}f} {unit}"
+
+    return {
+        "fluxvae.1024": lambda: (
+            " / ".join(f"{run(f'flux-1gpu-{v}')['s_per_img']:.3f}" for v in ("without", "without-again"))
+            + " → "
+            + " / ".join(f"{run(f'flux-1gpu-{v}')['s_per_img']:.3f}" for v in ("with", "with-again"))
+            + " s"
+        ),
+        "fluxvae.1024.peak": lambda: pair("", "peak_gib", "GiB", 2),
+        "fluxvae.2048": lambda: pair("2048-", "s_per_img", "s", 3),
+        "fluxvae.2048.peak": lambda: pair("2048-", "peak_gib", "GiB", 2),
+        "fluxvae.first": lambda: pair("", "first_call_s", "s", 1),
+        "fluxvae.diff": lambda: f"{run('flux-1gpu-with')['max_pixel_diff_255']}/255",
+    }
+
+
 def _fusedrows() -> dict[str, Callable[[], str]]:
     """``fuse-qkv`` at a CFG rank's one row and one GPU's two, under CUDA graphs, one H200
     (``fusedrows``): a 32x32-level transformer (unfused, fused, unfused again) and the whole UNet."""
@@ -850,6 +877,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_pairparts(),
     **_fusedrows(),
     **_decodemem(),
+    **_fluxvae(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

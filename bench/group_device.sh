@@ -39,6 +39,7 @@
 #   bash bench/group_device.sh fluxfuse2  # one GPU: fuse-qkv at a ring rank's rows, alternated (blocks; a whole image of about half the tokens)
 #   bash bench/group_device.sh pairparts  # one GPU: an SDXL CFG pair's serial parts at batch 1 (decode whole and at half rows, the split twin compiled; the prompt's encode eager and compiled)
 #   bash bench/group_device.sh decodemem  # one GPU: FLUX's decoder (bf16) whole against a rank's split twin, peak memory and time, its GroupNorm in parts and whole; then compiled
+#   bash bench/group_device.sh fluxvae  # one GPU: FLUX 1024² without and with compile-vae, alternated; 2048² each once (time, peak memory)
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -500,6 +501,24 @@ decodemem)  # issue 46, one GPU: a FLUX group rank's split decode against one GP
   timeout $((540 - SECONDS)) python3 bench/decode_memory.py --out $R --compiled > $OUT/decode-compiled.log 2>&1
   echo "decode compiled rc=$? at ${SECONDS}s"
   grep -h -i -E "error|Traceback" $OUT/decode*.log | head -5
+  ;;
+fluxvae)  # issue 46, one GPU: FLUX's decoder compiled (compile-vae, as SDXL's) on one GPU, each against the DiT's
+  # defaults without it, alternated at 1024² (3 calls each), then at 2048² once each (time, peak memory, phases)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  A=vae-fp16,compile-blocks,modulation-once
+  for v in "without|$A|--save /tmp/flux1.npy" "with|$A,compile-vae|--compare /tmp/flux1.npy" \
+      "without-again|$A|--compare /tmp/flux1.npy" "with-again|$A,compile-vae|--compare /tmp/flux1.npy"; do
+    IFS='|' read -r label levers images <<< "$v"
+    DIFFQ_SPEEDUPS=$levers timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 $images --out $R \
+      --label flux-1gpu-$label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"
+  done
+  for v in "without|$A|--save /tmp/flux2k.npy" "with|$A,compile-vae|--compare /tmp/flux2k.npy"; do
+    IFS='|' read -r label levers images <<< "$v"
+    [ $SECONDS -lt 400 ] && { DIFFQ_SPEEDUPS=$levers timeout $((545 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $F \
+      --size 2048 --runs 1 $images --out $R --label flux-2048-1gpu-$label > $OUT/2048-$label.log 2>&1
+      echo "2048 $label rc=$? at ${SECONDS}s"; }
+  done
+  grep -h "speedups: " $OUT/*.log | cut -c1-200 | sort | uniq -c | head -8
   ;;
 fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank's one row than at one GPU's two? SDXL's
   # 32x32-level transformer (10 of the 60 blocks there; bench/unet_levers.py --part down2), then the whole UNet at one

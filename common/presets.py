@@ -69,8 +69,9 @@ OFFLOAD_MODES: dict[str, str] = {
 #: (``empty-negative``: 1.010 -> 1.041 img/s on an H100 through the queue, images within 1/255)
 CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-unet", "compile-vae", "empty-negative")
 #: what ``auto`` means on CUDA for a DiT (FLUX): its blocks compiled (5.07 -> 3.90 s an image on an
-#: H200) and its modulation vectors computed once an image (3.80 -> 3.76 s); docs/groups.md
-DIT_CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-blocks", "modulation-once")
+#: H200), its modulation vectors computed once an image (3.80 -> 3.76 s) and its decoder compiled
+#: (3.76 -> 3.72 s at 1024², 20.10 -> 19.91 s and 41.0 -> 36.5 GiB at 2048²); docs/groups.md
+DIT_CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-blocks", "compile-vae", "modulation-once")
 
 
 def speedup_names(text: str) -> frozenset[str]:

@@ -120,8 +120,8 @@ def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
 
 
 def test_auto_means_the_levers_of_the_models_kind():
-    """A FLUX worker's ``auto`` is a DiT's defaults (its blocks compiled, its modulation once an
-    image), not SDXL's, which it cannot take; levers named beside ``auto`` stay; named levers
+    """A FLUX worker's ``auto`` is a DiT's defaults (its blocks and decoder compiled, its
+    modulation once an image), not SDXL's, which it cannot take; levers named beside ``auto`` stay; named levers
     are what they say for either kind."""
     from common.presets import DIT_CUDA_DEFAULT_SPEEDUPS as DIT_DEFAULT
 
@@ -131,9 +131,9 @@ def test_auto_means_the_levers_of_the_models_kind():
     assert auto.for_pipeline(flux).levers == frozenset(DIT_DEFAULT) | {"cuda-graphs"}
     assert auto.per_kind() == (  # the worker's first line, before it knows its model
         "compile-unet,compile-vae,cuda-graphs,empty-negative,vae-fp16 for SDXL, "
-        "compile-blocks,cuda-graphs,modulation-once,vae-fp16 for FLUX"
+        "compile-blocks,compile-vae,cuda-graphs,modulation-once,vae-fp16 for FLUX"
     )
-    assert set(DIT_DEFAULT) == {"vae-fp16", "compile-blocks", "modulation-once"}
+    assert set(DIT_DEFAULT) == {"vae-fp16", "compile-blocks", "compile-vae", "modulation-once"}
     named = Speedups.parse("vae-fp16,compile-unet", torch.device("cuda"))
     assert named.for_pipeline(flux) == named.for_pipeline(sdxl) == named
     assert Speedups.parse("auto", torch.device("cpu")).for_pipeline(flux).levers == frozenset()
@@ -265,6 +265,40 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
     for ref, got, second in zip(reference.images, first.images, again.images, strict=True):
         assert np.abs(pixels(ref) - pixels(got)).max() <= 2
         assert np.array_equal(pixels(got), pixels(second))
+
+
+def test_compile_vae_compiles_a_flux_decoder_and_changes_no_pixel(tmp_path):
+    """``compile-vae`` on a DiT pipeline (a FLUX worker's and group's default): its decoder is
+    one graph, as SDXL's (eager, ATen's GroupNorm gives one image's group one thread block); the
+    images are the eager pipeline's and a second batch builds no graph. Under ``--parallel-vae``
+    a group leaves it out: xDiT decodes with its own copy of the decoder's layers."""
+    from common.settings import Settings
+    from worker.group.config import GroupLayout
+    from worker.group.engine import RankEngine
+    from worker.pipelines.models import build_flux
+    from worker.pipelines.speedups import apply, graphs_compiled
+
+    params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
+    eager = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    compiled = copy.deepcopy(eager)
+    apply(compiled, Speedups(frozenset({"compile-vae"})))
+    assert compiled.vae.decoder._compiled_call_impl is not None
+    assert compiled.transformer._compiled_call_impl is None  # the decoder alone
+    prompts, seeds = ["a red fox", "a blue jay"], [3, 4]
+    reference = run_batch(eager, params, prompts, ["", ""], seeds)
+    before = graphs_compiled()
+    first = run_batch(compiled, params, prompts, ["", ""], seeds)
+    assert graphs_compiled() > before
+    built = graphs_compiled()
+    again = run_batch(compiled, params, prompts, ["", ""], seeds)
+    assert graphs_compiled() == built
+    for ref, got, second in zip(reference.images, first.images, again.images, strict=True):
+        assert np.abs(pixels(ref) - pixels(got)).max() <= 2
+        assert np.array_equal(pixels(got), pixels(second))
+    settings = Settings().with_(cache_dir=str(tmp_path), device="cpu", speedups="vae-fp16,compile-vae")
+    for parallel_vae, levers in ((True, {"vae-fp16"}), (False, {"vae-fp16", "compile-vae"})):
+        layout = GroupLayout(ulysses_degree=2, parallel_vae=parallel_vae)
+        assert RankEngine(settings, layout, rank=0, world=2).pipelines.speedups.levers == levers
 
 
 def test_fuse_qkv_fuses_a_flux_transformers_projections_and_changes_no_pixel():

@@ -77,6 +77,10 @@ class RankEngine:
         named = speedup_names(speedups)
         if "auto" in named and settings.device != "cpu" and torch.cuda.is_available():
             speedups = ",".join([GROUP_CUDA_DEFAULT, *sorted(named - {"auto"})])
+        if layout.parallel_vae and "compile-vae" in speedup_names(speedups):
+            # xDiT's parallel VAE decodes with its own patched copy of the decoder's layers
+            speedups = ",".join(sorted(speedup_names(speedups) - {"compile-vae"})) or "none"
+            log.info("speedups: compile-vae is left out: --parallel-vae decodes with xDiT's own decoder")
         self.pipelines = WarmPipelines.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None
