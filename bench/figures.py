@@ -538,11 +538,15 @@ def _decodemem() -> dict[str, Callable[[], str]]:
 
 def _fluxvae() -> dict[str, Callable[[], str]]:
     """FLUX on one H200 (``fluxvae``): the DiT's defaults without and with ``compile-vae``,
-    alternated at 1024², once each at 2048²."""
+    alternated at 1024², once each at 2048²; then a single worker through the queue without it
+    and with ``auto`` (``fluxvaeq``)."""
     name = "h200-fluxvae-call.jsonl"
 
     def run(label: str) -> dict[str, Any]:
         return _one(name, label=label)
+
+    def queue(tag: str) -> dict[str, Any]:  # the worker through the queue, the next call (fluxvaeq)
+        return _one("h200-fluxvaeq-call.jsonl", kind="queue", tag=tag)
 
     def pair(size: str, field: str, unit: str, digits: int) -> str:
         a, b = (run(f"flux-{size}1gpu-{v}")[field] for v in ("without", "with"))
@@ -560,6 +564,12 @@ def _fluxvae() -> dict[str, Callable[[], str]]:
         "fluxvae.2048.peak": lambda: pair("2048-", "peak_gib", "GiB", 2),
         "fluxvae.first": lambda: pair("", "first_call_s", "s", 1),
         "fluxvae.diff": lambda: f"{run('flux-1gpu-with')['max_pixel_diff_255']}/255",
+        "fluxvae.queue": lambda: "{:.4f} → {:.4f} img/s".format(
+            *(queue(tag)["steady_after_last_compile_img_per_s"] for tag in ("flux-worker-without", "flux-worker-auto"))
+        ),
+        "fluxvae.queue.warm": lambda: "{:.1f} → {:.1f} s".format(
+            *(queue(tag)["warm_up_s"] for tag in ("flux-worker-without", "flux-worker-auto"))
+        ),
     }
 
 

@@ -40,6 +40,7 @@
 #   bash bench/group_device.sh pairparts  # one GPU: an SDXL CFG pair's serial parts at batch 1 (decode whole and at half rows, the split twin compiled; the prompt's encode eager and compiled)
 #   bash bench/group_device.sh decodemem  # one GPU: FLUX's decoder (bf16) whole against a rank's split twin, peak memory and time, its GroupNorm in parts and whole; then compiled
 #   bash bench/group_device.sh fluxvae  # one GPU: FLUX 1024² without and with compile-vae, alternated; 2048² each once (time, peak memory)
+#   bash bench/group_device.sh fluxvaeq  # one GPU: a FLUX single worker through the queue, the DiT's levers without compile-vae and auto (with it)
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -519,6 +520,17 @@ fluxvae)  # issue 46, one GPU: FLUX's decoder compiled (compile-vae, as SDXL's) 
       echo "2048 $label rc=$? at ${SECONDS}s"; }
   done
   grep -h "speedups: " $OUT/*.log | cut -c1-200 | sort | uniq -c | head -8
+  ;;
+fluxvaeq)  # issue 46, one GPU: a FLUX single worker through the queue (8 one-image jobs), the DiT's levers without
+  # compile-vae, then auto (with it since 2026-11-29): the lever through the worker's warm-up and precompiled files
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  for v in "without:vae-fp16,compile-blocks,modulation-once" "auto:auto"; do
+    timeout 260 python3 bench/e2e_queue.py --out $R --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
+      --images-per-gpu 8 --speedups ${v#*:} --tag flux-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
+    echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+  grep -h "speedups: \|compiled for\|precompiled" $OUT/*.log | cut -c1-240 | sort | uniq | head -12
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank's one row than at one GPU's two? SDXL's
   # 32x32-level transformer (10 of the 60 blocks there; bench/unet_levers.py --part down2), then the whole UNet at one
