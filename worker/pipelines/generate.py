@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,16 +155,46 @@ def _run_flux_batch(
     _sync(device)
     encoded = time.perf_counter()
 
-    out = pipe(
-        prompt_embeds=embeds,
-        pooled_prompt_embeds=pooled,
-        **_sampling(params, seeds, on_step),
-        output_type="pil",
-    )
-    _sync(device)
+    with _decode_starts(pipe, device) as decoding:
+        out = pipe(
+            prompt_embeds=embeds,
+            pooled_prompt_embeds=pooled,
+            **_sampling(params, seeds, on_step),
+            output_type="pil",
+        )
+        _sync(device)
     finished = time.perf_counter()
     images = list(out.images) if out is not None and out.images is not None else []
-    return BatchResult(images=images, encode_s=encoded - started, denoise_s=finished - encoded, decode_s=0.0)
+    denoised = decoding[0] if decoding else finished  # a rank that decoded nothing: all of it denoising
+    return BatchResult(
+        images=images, encode_s=encoded - started, denoise_s=denoised - encoded, decode_s=finished - denoised
+    )
+
+
+@contextmanager
+def _decode_starts(pipe: Any, device: torch.device) -> Iterator[list[float]]:
+    """Inside: the first ``pipe.vae.decode`` call appends when it starts (the denoise's kernels
+    done) to the list given. A FLUX pipeline decodes itself (its latents are packed tokens), so
+    the decode is timed at its call; the call is wrapped on the instance, not hooked on the
+    decoder module, whose hooks a compiled decoder (``compile-vae``) would trace."""
+    vae = getattr(pipe, "vae", None)
+    starts: list[float] = []
+    if vae is None or "decode" in vae.__dict__:
+        yield starts
+        return
+    method = vae.decode
+
+    def decode(*args: Any, **kwargs: Any) -> Any:
+        if not starts:
+            _sync(device)
+            starts.append(time.perf_counter())
+        return method(*args, **kwargs)
+
+    vae.decode = decode
+    try:
+        yield starts
+    finally:
+        del vae.decode
 
 
 def is_oom(exc: BaseException) -> bool:
