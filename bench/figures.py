@@ -545,6 +545,10 @@ def _fluxvae() -> dict[str, Callable[[], str]]:
     def run(label: str) -> dict[str, Any]:
         return _one(name, label=label)
 
+    def phases(size: int) -> str:  # its decode timed apart since (fluxphases)
+        p = _one("h200-fluxphases-call.jsonl", label=f"flux-{size}-1gpu-phases")["phases"]
+        return f"{p['encode_s']:.3f} / {p['denoise_s']:.3f} / {p['decode_s']:.3f} s"
+
     def queue(tag: str) -> dict[str, Any]:  # the worker through the queue, the next call (fluxvaeq)
         return _one("h200-fluxvaeq-call.jsonl", kind="queue", tag=tag)
 
@@ -564,6 +568,8 @@ def _fluxvae() -> dict[str, Callable[[], str]]:
         "fluxvae.2048.peak": lambda: pair("2048-", "peak_gib", "GiB", 2),
         "fluxvae.first": lambda: pair("", "first_call_s", "s", 1),
         "fluxvae.diff": lambda: f"{run('flux-1gpu-with')['max_pixel_diff_255']}/255",
+        "fluxvae.phases.1024": lambda: phases(1024),
+        "fluxvae.phases.2048": lambda: phases(2048),
         "fluxvae.queue": lambda: "{:.4f} → {:.4f} img/s".format(
             *(queue(tag)["steady_after_last_compile_img_per_s"] for tag in ("flux-worker-without", "flux-worker-auto"))
         ),

@@ -41,6 +41,7 @@
 #   bash bench/group_device.sh decodemem  # one GPU: FLUX's decoder (bf16) whole against a rank's split twin, peak memory and time, its GroupNorm in parts and whole; then compiled
 #   bash bench/group_device.sh fluxvae  # one GPU: FLUX 1024² without and with compile-vae, alternated; 2048² each once (time, peak memory)
 #   bash bench/group_device.sh fluxvaeq  # one GPU: a FLUX single worker through the queue, the DiT's levers without compile-vae and auto (with it)
+#   bash bench/group_device.sh fluxphases  # one GPU: FLUX 1024² and 2048² with the DiT's defaults, each call's encode / denoise / decode
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -531,6 +532,14 @@ fluxvaeq)  # issue 46, one GPU: a FLUX single worker through the queue (8 one-im
   done
   grep -h "speedups: \|compiled for\|precompiled" $OUT/*.log | cut -c1-240 | sort | uniq | head -12
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fluxphases)  # issue 46, one GPU: a FLUX image's phases since its decode is timed apart (it was reported as 0 s),
+  # the DiT's defaults (compile-vae among them since 2026-11-29), 1024² and 2048²
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  for size in 1024 2048; do
+    DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once timeout 200 $TR --nproc-per-node 1 bench/group.py $F \
+      --size $size --runs 2 --out $R --label flux-$size-1gpu-phases > $OUT/phases-$size.log 2>&1; echo "$size rc=$? at ${SECONDS}s"
+  done
   ;;
 fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank's one row than at one GPU's two? SDXL's
   # 32x32-level transformer (10 of the 60 blocks there; bench/unet_levers.py --part down2), then the whole UNet at one
