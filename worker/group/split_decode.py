@@ -101,9 +101,9 @@ class _SplitGroupNorm(nn.Module):
     their squares, the affine's products) held ten times the input's bytes, and a rank's split
     decode at 2048² peaked 1.5 GiB above a whole decode's (2 H100s, ``fluxring5``). Its sums are
     ``torch.sum`` reductions, which spread a group over many blocks: ATen's GroupNorm gives each
-    (image, group) one block, 32 blocks for one image (``RowwiseMomentsCUDAKernel``, 0.05 s of a
-    FLUX ring rank's 0.09 s decode). Compiled, Inductor fuses the plain formulation into
-    reductions and one pointwise kernel, with no copy.
+    (image, group) one block, 32 blocks for one image (``RowwiseMomentsCUDAKernel``: 0.05 s of
+    the 0.09 s whole decode each ring rank ran before the split). Compiled, Inductor fuses the
+    plain formulation into reductions and one pointwise kernel, with no copy.
     """
 
     #: eager: the most bytes of fp32 centred values held at once (a 2048² image's largest
