@@ -63,11 +63,11 @@ S="--model sdxl-random --steps 30 --guidance 5.0"
 # FLUX 1024²: one compiled GPU, then a ring of 2 with flags A and B alternated (A, B, A again, B again, each while the
 # call has time), each image compared with the GPU's; A's first run also under the profiler when $5 is "profile"
 #   ring_ab LABEL_A "FLAGS_A" LABEL_B "FLAGS_B" [profile]
-# The GPU's levers are the ring's own that apply to one GPU (modulation-once since the fluxmod call; the calls before
-# it ran both without)
+# The GPU's levers are the ring's own that apply to one GPU (modulation-once since the fluxmod call, compile-vae since
+# the fluxvae call; the calls before them ran both without)
 ring_ab() {
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
     --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
   local prof="" label flags
   [ "${5:-}" = profile ] && prof="--profile /tmp/prof-r2"
@@ -574,7 +574,7 @@ cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built):
 fluxfusering)  # issue 46, 2 GPUs (not run yet: one GPU was lent when fuse-qkv came to FLUX): the ring of 2 with the
   # group's defaults, without and with fuse-qkv, alternated, against one GPU with the same levers but cuda-graphs
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
     --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
   for v in "flux-r2-separate|auto" "flux-r2-fuseqkv|auto,fuse-qkv" "flux-r2-separate-again|auto" "flux-r2-fuseqkv-again|auto,fuse-qkv"; do
     IFS='|' read -r label levers <<< "$v"
