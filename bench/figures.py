@@ -527,6 +527,14 @@ def _decodemem() -> dict[str, Callable[[], str]]:
                 f"{_one(name, size=s, how='whole', compiled=True, groupnorm=None)['max_diff_255_vs_eager']:.2f}/255"
             ),
         }
+    out["decodemem.parts8.1024"] = lambda: (
+        " / ".join(  # the call before: 8 parts at every size
+            f"{x['ms']:.1f}"
+            for x in _lines("h200-decodemem-parts8-call.jsonl")
+            if x["size"] == 1024 and x["how"] == rank and x["groupnorm"] == "parts"
+        )
+        + " ms"
+    )
     out["decodemem.twin.diff"] = lambda: (
         "/".join(
             sorted({f"{x['max_diff_255']:.2f}" for x in _lines(name) if x["how"] == twin and x["groupnorm"] == "parts"})
