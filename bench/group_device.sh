@@ -77,6 +77,16 @@ ring_ab() {
       --compare /tmp/flux1.npy --out $R --label $label $prof > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
   done
 }
+# A FLUX single worker through the queue (8 one-image jobs) once per "TAG:LEVERS" argument, in order
+#   flux_workers TAG:LEVERS...
+flux_workers() {
+  local v
+  for v in "$@"; do
+    timeout 260 python3 bench/e2e_queue.py --out $R --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
+      --images-per-gpu 8 --speedups ${v#*:} --tag flux-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
+    echo "${v%%:*} rc=$? at ${SECONDS}s"
+  done
+}
 case "$1" in
 sdxl)
   timeout 110 $TR --nproc-per-node 1 bench/group.py $S --batches 1,4 --save /tmp/sdxl1.npy --out $R --label sdxl-1gpu > $OUT/sdxl1.log 2>&1
@@ -525,11 +535,7 @@ fluxvae)  # issue 46, one GPU: FLUX's decoder compiled (compile-vae, as SDXL's) 
 fluxvaeq)  # issue 46, one GPU: a FLUX single worker through the queue (8 one-image jobs), the DiT's levers without
   # compile-vae, then auto (with it since 2026-11-29): the lever through the worker's warm-up and precompiled files
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  for v in "without:vae-fp16,compile-blocks,modulation-once" "auto:auto"; do
-    timeout 260 python3 bench/e2e_queue.py --out $R --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
-      --images-per-gpu 8 --speedups ${v#*:} --tag flux-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
-    echo "${v%%:*} rc=$? at ${SECONDS}s"
-  done
+  flux_workers "without:vae-fp16,compile-blocks,modulation-once" "auto:auto"
   grep -h "speedups: \|compiled for\|precompiled" $OUT/*.log | cut -c1-240 | sort | uniq | head -12
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
@@ -598,11 +604,7 @@ fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's 
 fluxworker)  # issue 46: a FLUX single worker through the queue (8 one-image jobs) with --speedups auto as it was
   # (SDXL's levers, of which FLUX takes vae-fp16 only) and as it is now (a DiT's: compile-blocks, modulation-once)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  for v in "before:vae-fp16" "auto:auto"; do
-    timeout 260 python3 bench/e2e_queue.py --out $R --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
-      --images-per-gpu 8 --speedups ${v#*:} --tag flux-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
-    echo "${v%%:*} rc=$? at ${SECONDS}s"
-  done
+  flux_workers "before:vae-fp16" "auto:auto"
   grep -h "speedups: \|offload auto" $OUT/*.log | cut -c1-240 | sort | uniq | head -8
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;

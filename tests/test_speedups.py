@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -241,20 +242,11 @@ TINY_FLUX = {
 }  # fmt: skip
 
 
-@pytest.mark.long
-@pytest.mark.slow  # torch.compile of a FLUX transformer on the CPU: half a minute on a busy box
-def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel():
-    """The DiT path of ``compile-blocks`` (xDiT groups run FLUX): each repeated block compiled
-    regionally, the images those of the eager pipeline, and a second batch builds no graph."""
-    from worker.pipelines.models import build_flux
-    from worker.pipelines.speedups import apply, graphs_compiled
+def assert_compiled_matches_eager(eager: Any, compiled: Any, params: GenParams) -> None:
+    """The compiled pipeline's images are the eager one's (within 2/255); its first batch builds
+    graphs and a second builds none, to the same pixels."""
+    from worker.pipelines.speedups import graphs_compiled
 
-    params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
-    eager = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
-    compiled = copy.deepcopy(eager)
-    apply(compiled, Speedups(frozenset({"compile-blocks"})))
-    blocks = [*compiled.transformer.transformer_blocks, *compiled.transformer.single_transformer_blocks]
-    assert all(block._compiled_call_impl is not None for block in blocks)
     prompts, seeds = ["a red fox", "a blue jay"], [3, 4]
     reference = run_batch(eager, params, prompts, ["", ""], seeds)
     before = graphs_compiled()
@@ -266,6 +258,23 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
     for ref, got, second in zip(reference.images, first.images, again.images, strict=True):
         assert np.abs(pixels(ref) - pixels(got)).max() <= 2
         assert np.array_equal(pixels(got), pixels(second))
+
+
+@pytest.mark.long
+@pytest.mark.slow  # torch.compile of a FLUX transformer on the CPU: half a minute on a busy box
+def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel():
+    """The DiT path of ``compile-blocks`` (xDiT groups run FLUX): each repeated block compiled
+    regionally, the images those of the eager pipeline, and a second batch builds no graph."""
+    from worker.pipelines.models import build_flux
+    from worker.pipelines.speedups import apply
+
+    params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
+    eager = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    compiled = copy.deepcopy(eager)
+    apply(compiled, Speedups(frozenset({"compile-blocks"})))
+    blocks = [*compiled.transformer.transformer_blocks, *compiled.transformer.single_transformer_blocks]
+    assert all(block._compiled_call_impl is not None for block in blocks)
+    assert_compiled_matches_eager(eager, compiled, params)
 
 
 def test_compile_vae_compiles_a_flux_decoder_and_changes_no_pixel(tmp_path):
@@ -277,7 +286,7 @@ def test_compile_vae_compiles_a_flux_decoder_and_changes_no_pixel(tmp_path):
     from worker.group.config import GroupLayout
     from worker.group.engine import RankEngine
     from worker.pipelines.models import build_flux
-    from worker.pipelines.speedups import apply, graphs_compiled
+    from worker.pipelines.speedups import apply
 
     params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
     eager = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
@@ -285,17 +294,7 @@ def test_compile_vae_compiles_a_flux_decoder_and_changes_no_pixel(tmp_path):
     apply(compiled, Speedups(frozenset({"compile-vae"})))
     assert compiled.vae.decoder._compiled_call_impl is not None
     assert compiled.transformer._compiled_call_impl is None  # the decoder alone
-    prompts, seeds = ["a red fox", "a blue jay"], [3, 4]
-    reference = run_batch(eager, params, prompts, ["", ""], seeds)
-    before = graphs_compiled()
-    first = run_batch(compiled, params, prompts, ["", ""], seeds)
-    assert graphs_compiled() > before
-    built = graphs_compiled()
-    again = run_batch(compiled, params, prompts, ["", ""], seeds)
-    assert graphs_compiled() == built
-    for ref, got, second in zip(reference.images, first.images, again.images, strict=True):
-        assert np.abs(pixels(ref) - pixels(got)).max() <= 2
-        assert np.array_equal(pixels(got), pixels(second))
+    assert_compiled_matches_eager(eager, compiled, params)
     settings = Settings().with_(cache_dir=str(tmp_path), device="cpu", speedups="vae-fp16,compile-vae")
     for parallel_vae, levers in ((True, {"vae-fp16"}), (False, {"vae-fp16", "compile-vae"})):
         layout = GroupLayout(ulysses_degree=2, parallel_vae=parallel_vae)
