@@ -544,6 +544,66 @@ def _decodemem() -> dict[str, Callable[[], str]]:
     return out
 
 
+def _encgraphs() -> dict[str, Callable[[], str]]:
+    """``encoder-graphs`` on one H200 (``encgraphs``): the prompt's encode eager and graphed,
+    alternated (bench/encode_graphs.py); one image at batch 1 with a CFG pair's levers (SDXL) and
+    with the DiT's defaults (FLUX) without and with it; then (``encgraphsq``) an SDXL single
+    worker through the queue with ``cuda-graphs`` without and with it, and FLUX again."""
+    name, again = "h200-encgraphs-call.jsonl", "h200-encgraphsq-call.jsonl"
+
+    def encode(model: str, batch: int, negative: bool = False) -> str:
+        e = _one(name, kind="encode-graphs", model=model, batch=batch, negative=negative)
+        return f"{e['eager_ms']:.1f} → {e['graphed_ms']:.1f} ms"
+
+    def runs(file: str, prefix: str, labels: tuple[str, ...], field: str = "s_per_img", digits: int = 3) -> str:
+        def value(label: str) -> float:
+            run = _one(file, label=f"{prefix}-{label}")
+            return run[field] if field in run else run["phases"][field]
+
+        return " / ".join(f"{value(label) * (1e3 if digits == 0 else 1):.{digits}f}" for label in labels)
+
+    def queue(tag: str) -> dict[str, Any]:
+        return _one(again, kind="queue", tag=tag)
+
+    def flux(field: str, digits: int, unit: str) -> str:  # once each, then without, with, without again
+        first = [runs(name, "flux-1gpu", (label,), field, digits) for label in ("without", "with")]
+        later = runs(again, "flux-1gpu", ("without", "with", "without-again"), field, digits)
+        return f"{first[0]} → {first[1]} {unit}; again {later} {unit}"
+
+    sdxl_without, sdxl_with = ("without", "without-again"), ("with", "with-again")
+    return {
+        "encgraphs.sdxl.1": lambda: encode("sdxl-random", 1),
+        "encgraphs.sdxl.1neg": lambda: encode("sdxl-random", 1, negative=True),
+        "encgraphs.sdxl.8": lambda: encode("sdxl-random", 8),
+        "encgraphs.flux.1": lambda: encode("flux-random", 1),
+        "encgraphs.flux.4": lambda: encode("flux-random", 4),
+        "encgraphs.diff": lambda: f"{max(line['max_abs_diff'] for line in _lines(name) if 'max_abs_diff' in line):g}",
+        "encgraphs.sdxl.image": lambda: (
+            runs(name, "sdxl-1gpu", sdxl_without) + " → " + runs(name, "sdxl-1gpu", sdxl_with) + " s"
+        ),
+        "encgraphs.sdxl.encode": lambda: (
+            runs(name, "sdxl-1gpu", sdxl_without, "encode_s", 0)
+            + " → "
+            + runs(name, "sdxl-1gpu", sdxl_with, "encode_s", 0)
+            + " ms"
+        ),
+        "encgraphs.sdxl.denoise": lambda: (
+            runs(name, "sdxl-1gpu", sdxl_without, "denoise_s")
+            + " → "
+            + runs(name, "sdxl-1gpu", sdxl_with, "denoise_s")
+            + " s"
+        ),
+        "encgraphs.flux.image": lambda: flux("s_per_img", 3, "s"),
+        "encgraphs.flux.encode": lambda: flux("encode_s", 0, "ms"),
+        "encgraphs.queue": lambda: "{:.4f} → {:.4f} img/s".format(
+            *(queue(t)["steady_after_last_compile_img_per_s"] for t in ("sdxl-worker-graphs", "sdxl-worker-encoders"))
+        ),
+        "encgraphs.queue.pipeline": lambda: "{:.4f} → {:.4f} s".format(
+            *(queue(t)["median_pipeline_s"] for t in ("sdxl-worker-graphs", "sdxl-worker-encoders"))
+        ),
+    }
+
+
 def _fluxvae() -> dict[str, Callable[[], str]]:
     """FLUX on one H200 (``fluxvae``): the DiT's defaults without and with ``compile-vae``,
     alternated at 1024², once each at 2048²; then a single worker through the queue without it
@@ -902,6 +962,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_fusedrows(),
     **_decodemem(),
     **_fluxvae(),
+    **_encgraphs(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

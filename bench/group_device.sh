@@ -42,6 +42,8 @@
 #   bash bench/group_device.sh fluxvae  # one GPU: FLUX 1024² without and with compile-vae, alternated; 2048² each once (time, peak memory)
 #   bash bench/group_device.sh fluxvaeq  # one GPU: a FLUX single worker through the queue, the DiT's levers without compile-vae and auto (with it)
 #   bash bench/group_device.sh fluxphases  # one GPU: FLUX 1024² and 2048² with the DiT's defaults, each call's encode / denoise / decode
+#   bash bench/group_device.sh encgraphs  # one GPU: the prompt's encode eager and with encoder-graphs (SDXL, FLUX); one SDXL image at batch 1 and one FLUX image without and with it
+#   bash bench/group_device.sh encgraphsq  # one GPU: an SDXL single worker through the queue with cuda-graphs, without and with encoder-graphs; FLUX bare again
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -64,10 +66,10 @@ S="--model sdxl-random --steps 30 --guidance 5.0"
 # call has time), each image compared with the GPU's; A's first run also under the profiler when $5 is "profile"
 #   ring_ab LABEL_A "FLAGS_A" LABEL_B "FLAGS_B" [profile]
 # The GPU's levers are the ring's own that apply to one GPU (modulation-once since the fluxmod call, compile-vae since
-# the fluxvae call; the calls before them ran both without)
+# the fluxvae call, encoder-graphs since the encgraphs call; the calls before them ran without)
 ring_ab() {
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
     --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
   local prof="" label flags
   [ "${5:-}" = profile ] && prof="--profile /tmp/prof-r2"
@@ -77,16 +79,18 @@ ring_ab() {
       --compare /tmp/flux1.npy --out $R --label $label $prof > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
   done
 }
-# A FLUX single worker through the queue (8 one-image jobs) once per "TAG:LEVERS" argument, in order
-#   flux_workers TAG:LEVERS...
-flux_workers() {
-  local v
+# A single worker through the queue (8 one-image jobs) once per "TAG:LEVERS" argument, in order
+#   queue_workers KIND "MODEL FLAGS" TAG:LEVERS...     (the record's tag: KIND-worker-TAG)
+queue_workers() {
+  local kind=$1 flags=$2 v
+  shift 2
   for v in "$@"; do
-    timeout 260 python3 bench/e2e_queue.py --out $R --model flux-random --steps 28 --guidance 3.5 --chunk 1 \
-      --images-per-gpu 8 --speedups ${v#*:} --tag flux-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
+    timeout 260 python3 bench/e2e_queue.py --out $R $flags --chunk 1 --images-per-gpu 8 --speedups ${v#*:} \
+      --tag $kind-worker-${v%%:*} --timeout 240 --logs $OUT > $OUT/worker-${v%%:*}.log 2>&1
     echo "${v%%:*} rc=$? at ${SECONDS}s"
   done
 }
+flux_workers() { queue_workers flux "$F" "$@"; }
 case "$1" in
 sdxl)
   timeout 110 $TR --nproc-per-node 1 bench/group.py $S --batches 1,4 --save /tmp/sdxl1.npy --out $R --label sdxl-1gpu > $OUT/sdxl1.log 2>&1
@@ -547,6 +551,42 @@ fluxphases)  # issue 46, one GPU: a FLUX image's phases since its decode is time
       --size $size --runs 2 --out $R --label flux-$size-1gpu-phases > $OUT/phases-$size.log 2>&1; echo "$size rc=$? at ${SECONDS}s"
   done
   ;;
+encgraphs)  # issue 46, one GPU: the prompt's encode with the text encoders' calls replayed as CUDA graphs
+  # (encoder-graphs; bench/encode_graphs.py: SDXL's CLIPs, FLUX's CLIP and T5, eager and graphed alternated), then one
+  # SDXL image at batch 1 with a CFG pair's levers on one GPU without and with it, alternated; FLUX 1024² the same
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  timeout 200 python3 bench/encode_graphs.py --out $R > $OUT/encode.log 2>&1; echo "encode rc=$? at ${SECONDS}s"
+  grep -h -i -E "error|Traceback|encoder-graphs" $OUT/encode.log | head -5
+  G=vae-fp16,compile-unet,compile-vae,cuda-graphs
+  for v in "without|$G|--save /tmp/sdxl1.npy" "with|$G,encoder-graphs|--compare /tmp/sdxl1.npy" \
+      "without-again|$G|--compare /tmp/sdxl1.npy" "with-again|$G,encoder-graphs|--compare /tmp/sdxl1.npy"; do
+    IFS='|' read -r label levers images <<< "$v"
+    [ $SECONDS -lt 400 ] && { DIFFQ_SPEEDUPS=$levers timeout 200 $TR --nproc-per-node 1 bench/group.py $S --batches 1 \
+      --runs 5 $images --out $R --label sdxl-1gpu-$label > $OUT/sdxl-$label.log 2>&1; echo "sdxl $label rc=$? at ${SECONDS}s"; }
+  done
+  A=vae-fp16,compile-blocks,compile-vae,modulation-once
+  for v in "without|$A|--save /tmp/flux1.npy" "with|$A,encoder-graphs|--compare /tmp/flux1.npy"; do
+    IFS='|' read -r label levers images <<< "$v"
+    [ $SECONDS -lt 440 ] && { DIFFQ_SPEEDUPS=$levers timeout $((560 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $F \
+      --runs 3 $images --out $R --label flux-1gpu-$label > $OUT/flux-$label.log 2>&1; echo "flux $label rc=$? at ${SECONDS}s"; }
+  done
+  grep -h -E "encoder-graphs:|cuda-graphs:" $OUT/*.log | sort | uniq -c | head -8
+  ;;
+encgraphsq)  # issue 46, one GPU: encoder-graphs through a single worker's path (warm-up, memory probe, threads): an SDXL
+  # worker, 8 one-image jobs, auto with cuda-graphs (a latency worker's levers) without and with it; then FLUX 1024²
+  # bare without and with it again (encgraphs ran each once)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  queue_workers sdxl "$S" "graphs:auto,cuda-graphs" "encoders:auto,cuda-graphs,encoder-graphs"
+  A=vae-fp16,compile-blocks,compile-vae,modulation-once
+  for v in "without|$A|--save /tmp/flux1.npy" "with|$A,encoder-graphs|--compare /tmp/flux1.npy" \
+      "without-again|$A|--compare /tmp/flux1.npy"; do
+    IFS='|' read -r label levers images <<< "$v"
+    [ $SECONDS -lt 440 ] && { DIFFQ_SPEEDUPS=$levers timeout $((560 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $F \
+      --runs 3 $images --out $R --label flux-1gpu-$label > $OUT/flux-$label.log 2>&1; echo "flux $label rc=$? at ${SECONDS}s"; }
+  done
+  grep -h -E "encoder-graphs|cuda-graphs|speedups: |compiled for" $OUT/worker*.log $OUT/*/*.log 2>/dev/null | cut -c1-220 | sort | uniq -c | head -12
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
 fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank's one row than at one GPU's two? SDXL's
   # 32x32-level transformer (10 of the 60 blocks there; bench/unet_levers.py --part down2), then the whole UNet at one
   # row, each under CUDA graphs without and with q, k and v as one product
@@ -560,12 +600,13 @@ fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank
   ;;
 cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
   # image decoded split by rows (the product since 2026-11-29) against whole on both ranks (--whole-decode),
-  # alternated, against one GPU with the worker's levers and with cuda-graphs; then through the queue
+  # alternated, against one GPU with the worker's levers and with the pair's (cuda-graphs, encoder-graphs since the
+  # encgraphs call); then through the queue
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   W=vae-fp16,compile-unet,compile-vae
   DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy \
     --out $R --label sdxl-1gpu-worker-levers > $OUT/sdxl1.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
-  DIFFQ_SPEEDUPS=$W,cuda-graphs timeout 120 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 \
+  DIFFQ_SPEEDUPS=$W,cuda-graphs,encoder-graphs timeout 120 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 \
     --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-cuda-graphs > $OUT/sdxl1g.log 2>&1; echo "1 GPU, cuda-graphs rc=$? at ${SECONDS}s"
   for v in "sdxl-cfg2-split-decode|" "sdxl-cfg2-whole-decode|--whole-decode" "sdxl-cfg2-split-decode-again|" \
       "sdxl-cfg2-whole-decode-again|--whole-decode"; do
@@ -580,7 +621,7 @@ cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built):
 fluxfusering)  # issue 46, 2 GPUs (not run yet: one GPU was lent when fuse-qkv came to FLUX): the ring of 2 with the
   # group's defaults, without and with fuse-qkv, alternated, against one GPU with the same levers but cuda-graphs
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 \
     --save /tmp/flux1.npy --out $R --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
   for v in "flux-r2-separate|auto" "flux-r2-fuseqkv|auto,fuse-qkv" "flux-r2-separate-again|auto" "flux-r2-fuseqkv-again|auto,fuse-qkv"; do
     IFS='|' read -r label levers <<< "$v"

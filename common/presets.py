@@ -46,6 +46,7 @@ SPEEDUP_LEVERS: dict[str, str] = {
     "cudnn-benchmark": "let cuDNN time its convolution algorithms per shape (UNet and VAE convs; at warm-up)",
     "persistent-norms": "compiled LayerNorms of up to 2048 channels read each row once (SDXL's 1280; with compile-*)",
     "cuda-graphs": "the UNet's calls of up to 8 rows replayed as CUDA graphs (batch 1-4: where the host is the limit)",
+    "encoder-graphs": "the text encoders' calls of up to 8 prompts replayed as CUDA graphs (a prompt's encode)",
     "empty-negative": "an empty negative prompt's half of a batch skips cross-attention (SDXL zeroes it; same images)",
     "fp8": "FP8 linears in the denoiser, static scales calibrated once (the same as --precision fp8)",
     "modulation-once": "a FLUX image's modulation vectors for all its steps computed at its first (one GEMM a layer)",

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
 from common.jobspec import GenParams
 from worker.pipelines import step_graphs
@@ -51,15 +52,16 @@ class ReplayedOnCpu(StepGraphs):
     def _replay(self, graph: Any) -> None:
         assert self._addresses() == graph["addresses"], "a graph replayed after the weights moved"
         fresh = self.eager(*graph["args"], **graph["kwargs"])
-        for mine, new in zip(graph["out"], fresh, strict=True):
-            mine.copy_(new)
+        for mine, new in zip(tree_flatten(graph["out"])[0], tree_flatten(fresh)[0], strict=True):
+            mine.copy_(new)  # into the capture's buffers: what an earlier call was handed is overwritten
 
 
-def images(cache: WarmPipelines, n: int, adapter: str | None = None) -> list[np.ndarray]:
+def images(cache: WarmPipelines, n: int, adapter: str | None = None, negative: str = "") -> list[np.ndarray]:
     loaded, _ = cache.get("tiny")
     cache.use_adapter(loaded, adapter, 1.0)
     params = GenParams(**{**PARAMS.__dict__, "adapter": adapter})
-    batch = Batch(params, [f"a red fox {i}" for i in range(n)], [""] * n, list(range(3, 3 + n)), max_batch=n)
+    prompts, negatives = [f"a red fox {i}" for i in range(n)], [negative and f"{negative} {i}" for i in range(n)]
+    batch = Batch(params, prompts, negatives, list(range(3, 3 + n)), max_batch=n)
     result, _ = cache.generate(loaded, batch)
     return [np.asarray(image, dtype=np.int16) for image in result.images]
 
@@ -204,3 +206,73 @@ def test_a_flux_groups_transformer_is_graphed_whole_and_released_before_the_grou
     after = image(pipe)  # a rank that lingers runs without graphs, capturing nothing again
     assert (graphs.captures, graphs.replays) == (1, 3)
     assert np.abs(plain - after).max() == 0
+
+
+@pytest.fixture
+def encoders(cache_dir) -> tuple[WarmPipelines, list[ReplayedOnCpu]]:
+    """``encoder-graphs`` on the tiny model's two CLIPs (what the lever installs on a GPU)."""
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    pipe = cache.get("tiny")[0].pipe
+    return cache, [ReplayedOnCpu(m, lever="encoder-graphs") for m in (pipe.text_encoder, pipe.text_encoder_2)]
+
+
+def test_replayed_text_encoder_calls_make_the_same_images_with_and_without_a_negative_prompt(plain, encoders):
+    """One capture per encoder and batch size, a replay per call. A negative prompt is a second
+    call of the same shape, whose replay overwrites the graph's outputs: the prompt's embeddings
+    (SDXL's pooled one is the second encoder's output as it came) must have been copied out."""
+    cache, graphs = encoders
+    assert step_graphs.every(cache.get("tiny")[0].pipe) == graphs
+    for n, negative in ((2, ""), (1, ""), (2, "blurry"), (1, "blurry")):
+        for ref, got in zip(images(plain, n, negative=negative), images(cache, n, negative=negative), strict=True):
+            assert np.array_equal(ref, got)
+    for g in graphs:  # batches 2, 1; the negatives' calls replay the same two shapes
+        assert (g.captures, g.replays, g.warm_calls) == (2, 6, 2 * step_graphs.WARMUP_CALLS)
+
+
+def test_encoder_graphs_are_dropped_on_an_adapter_switch_and_paused_for_the_memory_probe(plain, encoders):
+    cache, graphs = encoders
+    pipe = cache.get("tiny")[0].pipe
+    with step_graphs.paused(pipe):
+        images(cache, 1)
+    assert [(g.captures, g.replays, g.paused) for g in graphs] == [(0, 0, False)] * 2
+    images(cache, 1)
+    for adapter in ("tiny-dora", None):
+        for ref, got in zip(images(plain, 1, adapter), images(cache, 1, adapter), strict=True):
+            assert np.array_equal(ref, got)
+    assert [g.captures for g in graphs] == [3, 3]  # the first call, then once after each switch
+    first = next(pipe.text_encoder.parameters())  # a weight moved without a reset is caught
+    first.data = first.data.clone()
+    with pytest.raises(AssertionError, match="weights moved"):
+        images(cache, 1)
+    assert step_graphs.release(pipe) and all(g.graphs == {} and g.paused for g in graphs)
+
+
+def test_the_encoder_lever_on_a_cpu_worker_says_it_needs_a_gpu_and_changes_nothing(plain, cache_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="diffq.worker"):
+        cache = WarmPipelines(str(cache_dir), device="cpu", speedups="encoder-graphs")
+        got = images(cache, 1)
+    pipe = cache.get("tiny")[0].pipe
+    assert step_graphs.every(pipe) == []
+    assert [m for m in caplog.messages if "encoder-graphs needs" in m] == [
+        f"speedups: encoder-graphs needs the text encoder ({kind}) on a CUDA GPU; this one runs without them"
+        for kind in ("CLIPTextModel", "CLIPTextModelWithProjection")
+    ]
+    assert all(np.array_equal(a, b) for a, b in zip(images(plain, 1), got, strict=True))
+
+
+def test_a_flux_pipelines_clip_and_t5_calls_are_replayed_with_the_same_image():
+    from test_speedups import TINY_FLUX
+
+    from worker.pipelines.models import build_flux
+
+    def image(pipe: Any) -> np.ndarray:
+        generator = torch.Generator().manual_seed(3)
+        return pipe("a red fox", width=64, height=64, num_inference_steps=2, guidance_scale=3.5,
+                    generator=generator, output_type="np").images[0]  # fmt: skip
+
+    pipe = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    plain = image(pipe)
+    graphs = [ReplayedOnCpu(m, lever="encoder-graphs") for m in (pipe.text_encoder, pipe.text_encoder_2)]
+    assert step_graphs.every(pipe) == graphs and type(pipe.text_encoder_2).__name__ == "T5EncoderModel"
+    assert np.abs(plain - image(pipe)).max() == 0 and np.abs(plain - image(pipe)).max() == 0
+    assert [(g.captures, g.replays) for g in graphs] == [(1, 2), (1, 2)]

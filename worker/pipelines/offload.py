@@ -33,11 +33,20 @@ import torch
 log = logging.getLogger("diffq.worker")
 
 #: levers that do not combine with an offload (see the module's docstring); fp8 keeps a second
-#: UNet and quantized tensors that accelerate's hooks do not know how to move; cuda-graphs replay the weights'
-#: addresses of their capture, which an offload moves; modulation-once computes its table in a hook that runs
-#: before accelerate's moves the weights in
+#: UNet and quantized tensors that accelerate's hooks do not know how to move; cuda-graphs and
+#: encoder-graphs replay the weights' addresses of their capture, which an offload moves;
+#: modulation-once computes its table in a hook that runs before accelerate's moves the weights in
 NOT_WITH_OFFLOAD = frozenset(
-    {"compile-blocks", "compile-resnets", "compile-unet", "compile-vae", "cuda-graphs", "fp8", "modulation-once"}
+    {
+        "compile-blocks",
+        "compile-resnets",
+        "compile-unet",
+        "compile-vae",
+        "cuda-graphs",
+        "encoder-graphs",
+        "fp8",
+        "modulation-once",
+    }
 )
 
 

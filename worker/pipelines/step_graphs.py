@@ -18,6 +18,12 @@ collectives inside (Ulysses: 2.58 against 2.70 s per image on 2 H100s, docs/grou
 communicators: :func:`release` drops the graphs before the group leaves its process group, else
 the process did not exit.
 
+``encoder-graphs`` does the same for the text encoders' calls (SDXL's two CLIPs, FLUX's CLIP and
+T5): a prompt's encode is the host launching about a thousand small kernels whose arithmetic an
+H200 finishes in a fraction of the time (SDXL: 16.2 ms for one prompt eager, docs/groups.md), and
+every rank of a group encodes its prompts whole. Their calls always have the same shape (padded
+to the tokenizer's length), so one graph per batch size serves every prompt.
+
 A graph replays the memory it was captured with: inputs are copied into its own buffers before
 each replay and its outputs cloned out, so the pipeline sees an ordinary module. diffq's own
 merges write weights in place, which a replay reads; a PEFT merge may give a weight new memory,
@@ -55,9 +61,10 @@ class StepGraphs:
     """Stands in for ``module.forward``; a new input signature (shapes, dtypes, plain values)
     captures a new graph. The three methods at the bottom are the CUDA calls (tests replace them)."""
 
-    def __init__(self, module: torch.nn.Module, max_rows: int = MAX_ROWS) -> None:
+    def __init__(self, module: torch.nn.Module, max_rows: int = MAX_ROWS, lever: str = "cuda-graphs") -> None:
         self.eager = module.forward
         self.name = _name(module)
+        self.lever = lever  # what the log lines name
         self.max_rows = max_rows
         self.graphs: dict[str, tuple[Any, list[Any], Any]] = {}
         self.captures = 0
@@ -82,8 +89,8 @@ class StepGraphs:
                 if not self.full:
                     self.full = True
                     log.warning(
-                        "cuda-graphs: %s was called with more than %d shapes; calls of new shapes run "
-                        "without CUDA graphs",
+                        "%s: %s was called with more than %d shapes; calls of new shapes run without CUDA graphs",
+                        self.lever,
                         self.name,
                         MAX_GRAPHS,
                     )
@@ -96,7 +103,8 @@ class StepGraphs:
                 self.broken = True
                 self.graphs.clear()
                 log.warning(
-                    "cuda-graphs: capturing %s's call failed (%s: %s); this worker runs it without CUDA graphs",
+                    "%s: capturing %s's call failed (%s: %s); this worker runs it without CUDA graphs",
+                    self.lever,
                     self.name,
                     type(exc).__name__,
                     str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
@@ -143,7 +151,12 @@ class StepGraphs:
 
 def _name(module: torch.nn.Module) -> str:
     """What the log calls the graphed module."""
-    return "the UNet" if "UNet" in type(module).__name__ else "the transformer"
+    kind = type(module).__name__
+    if "UNet" in kind:
+        return "the UNet"
+    if "Text" in kind or "Encoder" in kind:  # CLIPTextModel(WithProjection), T5EncoderModel
+        return f"the text encoder ({kind})"
+    return "the transformer"
 
 
 def _key(leaves: list[Any], spec: Any) -> str:
@@ -153,13 +166,24 @@ def _key(leaves: list[Any], spec: Any) -> str:
     return f"{spec}|{described}"
 
 
-def install(module: torch.nn.Module, max_rows: int = MAX_ROWS) -> StepGraphs | None:
+def install(module: torch.nn.Module, max_rows: int = MAX_ROWS, lever: str = "cuda-graphs") -> StepGraphs | None:
     """Graph ``module``'s calls where it runs on a CUDA device; elsewhere nothing changes (None)."""
     weight = next(module.parameters(), None)
     if weight is None or weight.device.type != "cuda":
-        log.info("speedups: cuda-graphs needs %s on a CUDA GPU; this one runs without them", _name(module))
+        log.info("speedups: %s needs %s on a CUDA GPU; this one runs without them", lever, _name(module))
         return None
-    return StepGraphs(module, max_rows=max_rows)
+    return StepGraphs(module, max_rows=max_rows, lever=lever)
+
+
+#: the pipeline attributes ``encoder-graphs`` graphs: SDXL's two CLIPs; FLUX's CLIP and T5
+ENCODERS = ("text_encoder", "text_encoder_2")
+
+
+def install_encoders(pipe: Any) -> list[StepGraphs]:
+    """``encoder-graphs``: graph each of ``pipe``'s text encoders (where on a CUDA device)."""
+    modules = [getattr(pipe, name, None) for name in ENCODERS]
+    graphs = [install(m, lever="encoder-graphs") for m in modules if isinstance(m, torch.nn.Module)]
+    return [g for g in graphs if g is not None]
 
 
 def installed(pipe: Any) -> StepGraphs | None:
@@ -173,36 +197,42 @@ def installed(pipe: Any) -> StepGraphs | None:
     return inner if isinstance(inner, StepGraphs) else None
 
 
+def every(pipe: Any) -> list[StepGraphs]:
+    """All of ``pipe``'s graphs: its denoiser's and its text encoders'."""
+    encoders = [getattr(getattr(pipe, name, None), "forward", None) for name in ENCODERS]
+    return [g for g in (installed(pipe), *encoders) if isinstance(g, StepGraphs)]
+
+
 def release(pipe: Any) -> bool:
     """Drop ``pipe``'s graphs for good, before its process leaves its process group: a graph
     that captured NCCL's collectives holds their communicators, and a 2-H100 process that
     destroyed its group with such graphs alive did not exit (stopped by ``timeout``); with them
     dropped first it exited 5 s after its last call. Returns whether there were graphs."""
-    graphs = installed(pipe)
-    if graphs is None:
-        return False
-    graphs.paused = True
-    graphs.reset()
-    gc.collect()
-    return True
+    found = every(pipe)
+    for graphs in found:
+        graphs.paused = True
+        graphs.reset()
+    if found:
+        gc.collect()
+    return bool(found)
 
 
 def reset(pipe: Any) -> None:
-    """After a switch of adapter: the graphs read the weights' old memory, so capture again."""
-    graphs = installed(pipe)
-    if graphs is not None:
+    """After a switch of adapter: the graphs read the weights' old memory (an adapter may change
+    the text encoders' too), so capture again."""
+    for graphs in every(pipe):
         graphs.reset()
 
 
 @contextlib.contextmanager
 def paused(pipe: Any) -> Iterator[None]:
-    """Run ``pipe``'s UNet without graphs inside (the memory probe's batch sizes are not the job's)."""
-    graphs = installed(pipe)
-    if graphs is None:
-        yield
-        return
-    graphs.paused, was = True, graphs.paused
+    """Run ``pipe`` without graphs inside (the memory probe's batch sizes are not the job's)."""
+    found = every(pipe)
+    was = [graphs.paused for graphs in found]
+    for graphs in found:
+        graphs.paused = True
     try:
         yield
     finally:
-        graphs.paused = was
+        for graphs, state in zip(found, was, strict=True):
+            graphs.paused = state
