@@ -229,17 +229,52 @@ def test_replayed_text_encoder_calls_make_the_same_images_with_and_without_a_neg
         assert (g.captures, g.replays, g.warm_calls) == (2, 6, 2 * step_graphs.WARMUP_CALLS)
 
 
-def test_encoder_graphs_are_dropped_on_an_adapter_switch_and_paused_for_the_memory_probe(plain, encoders):
+def text_encoder_lora(cache_dir: Any, folder: Any) -> str:
+    """A LoRA of the tiny model's first text encoder alone (random, so it changes the image):
+    diffq merges it through PEFT, which wraps that encoder's layers."""
+    from diffusers import StableDiffusionXLPipeline
+    from diffusers.utils import convert_state_dict_to_diffusers
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.utils import get_peft_model_state_dict
+
+    from worker.pipelines.models import ensure_tiny
+
+    pipe = StableDiffusionXLPipeline.from_pretrained(ensure_tiny(cache_dir))
+    torch.manual_seed(5)
+    config = LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    inject_adapter_in_model(config, pipe.text_encoder)
+    layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(pipe.text_encoder))
+    StableDiffusionXLPipeline.save_lora_weights(folder, text_encoder_lora_layers=layers)
+    return str(folder)
+
+
+def test_an_adapter_switch_captures_again_only_the_encoders_it_changed(plain, encoders, cache_dir, tmp_path):
+    """tiny-dora adapts the UNet alone: the encoders' graphs stay. A LoRA of the first text
+    encoder (wrapped and merged by PEFT) drops that encoder's graphs at every switch, and its
+    images are the unwrapped pipeline's with the same adapter."""
+    cache, (first, second) = encoders
+    te_lora = text_encoder_lora(cache_dir, tmp_path / "te-lora")
+    images(cache, 1)
+    for adapter in ("tiny-dora", None, "tiny-dora"):
+        for ref, got in zip(images(plain, 1, adapter), images(cache, 1, adapter), strict=True):
+            assert np.array_equal(ref, got)
+    assert (first.captures, second.captures) == (1, 1)
+    without = images(plain, 1)
+    for adapter in (te_lora, None, te_lora):
+        refs = images(plain, 1, adapter)
+        assert adapter is None or not np.array_equal(refs[0], without[0])  # the adapter changes the image
+        for ref, got in zip(refs, images(cache, 1, adapter), strict=True):
+            assert np.array_equal(ref, got)
+    assert (first.captures, second.captures) == (4, 1)  # once after each switch; the second never touched
+
+
+def test_encoder_graphs_are_paused_for_the_memory_probe_and_released(encoders):
     cache, graphs = encoders
     pipe = cache.get("tiny")[0].pipe
     with step_graphs.paused(pipe):
         images(cache, 1)
     assert [(g.captures, g.replays, g.paused) for g in graphs] == [(0, 0, False)] * 2
     images(cache, 1)
-    for adapter in ("tiny-dora", None):
-        for ref, got in zip(images(plain, 1, adapter), images(cache, 1, adapter), strict=True):
-            assert np.array_equal(ref, got)
-    assert [g.captures for g in graphs] == [3, 3]  # the first call, then once after each switch
     first = next(pipe.text_encoder.parameters())  # a weight moved without a reset is caught
     first.data = first.data.clone()
     with pytest.raises(AssertionError, match="weights moved"):

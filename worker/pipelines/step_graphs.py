@@ -27,8 +27,9 @@ to the tokenizer's length), so one graph per batch size serves every prompt.
 A graph replays the memory it was captured with: inputs are copied into its own buffers before
 each replay and its outputs cloned out, so the pipeline sees an ordinary module. diffq's own
 merges write weights in place, which a replay reads; a PEFT merge may give a weight new memory,
-which it would not, so :func:`reset` drops every graph after a switch (the next call captures
-again: two warm calls and a capture, well under a second at batch 1).
+which it would not, so :func:`reset` drops, after a switch, the graphs of every module that
+holds a layer an adapter has changed (the next call captures again: two warm calls and a
+capture, well under a second at batch 1); a UNet-only adapter leaves the encoders' graphs.
 The memory probe runs without graphs (:func:`paused`): a probe's batch sizes are not the job's.
 """
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -63,6 +64,7 @@ class StepGraphs:
 
     def __init__(self, module: torch.nn.Module, max_rows: int = MAX_ROWS, lever: str = "cuda-graphs") -> None:
         self.eager = module.forward
+        self.owner = module
         self.name = _name(module)
         self.lever = lever  # what the log lines name
         self.max_rows = max_rows
@@ -217,11 +219,14 @@ def release(pipe: Any) -> bool:
     return bool(found)
 
 
-def reset(pipe: Any) -> None:
-    """After a switch of adapter: the graphs read the weights' old memory (an adapter may change
-    the text encoders' too), so capture again."""
+def reset(pipe: Any, touched: Iterable[torch.nn.Module] | None = None) -> None:
+    """After a switch of adapter: a graph reads its weights' old memory, so the graphs of every
+    module that holds one of ``touched`` (the layers adapters have changed; None: all) capture
+    again. A UNet-only adapter leaves the text encoders' graphs as they are."""
+    wanted = None if touched is None else {id(layer) for layer in touched}
     for graphs in every(pipe):
-        graphs.reset()
+        if wanted is None or any(id(layer) in wanted for layer in graphs.owner.modules()):
+            graphs.reset()
 
 
 @contextlib.contextmanager

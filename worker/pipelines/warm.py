@@ -465,7 +465,7 @@ class WarmPipelines:
                 touched += fused_qkv.refresh(loaded.pipe, touched)  # the fused layers read no part adapters merge into
             if "fp8" in loaded.speedups:
                 fp8.refresh(loaded.pipe, touched)  # the FP8 copies of the weights adapters change
-            step_graphs.reset(loaded.pipe)  # a switch may give weights new memory; graphs replay the old
+            step_graphs.reset(loaded.pipe, touched)  # a switch may give weights new memory; graphs replay the old
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
