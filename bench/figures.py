@@ -595,6 +595,9 @@ def _encgraphs() -> dict[str, Callable[[], str]]:
         ),
         "encgraphs.flux.image": lambda: flux("s_per_img", 3, "s"),
         "encgraphs.flux.encode": lambda: flux("encode_s", 0, "ms"),
+        "encgraphs.flux.peak": lambda: "{:.2f} → {:.2f} GiB".format(
+            *(_one(name, label=f"flux-1gpu-{v}")["peak_gib"] for v in ("without", "with"))
+        ),
         "encgraphs.queue": lambda: "{:.4f} → {:.4f} img/s".format(
             *(queue(t)["steady_after_last_compile_img_per_s"] for t in ("sdxl-worker-graphs", "sdxl-worker-encoders"))
         ),
