@@ -20,8 +20,9 @@ the process did not exit.
 
 ``encoder-graphs`` does the same for the text encoders' calls (SDXL's two CLIPs, FLUX's CLIP and
 T5): a prompt's encode is the host launching about a thousand small kernels whose arithmetic an
-H200 finishes in a fraction of the time (SDXL: 16.2 ms for one prompt eager, docs/groups.md), and
-every rank of a group encodes its prompts whole. Their calls always have the same shape (padded
+H200 finishes in a fraction of the time (SDXL's one prompt: 37.3 ms eager, 9.2 ms graphed;
+FLUX's T5 keeps the GPU busy: 33.6 and 27.0 ms; docs/groups.md), and every rank of a group
+encodes its prompts whole. Their calls always have the same shape (padded
 to the tokenizer's length), so one graph per batch size serves every prompt.
 
 A graph replays the memory it was captured with: inputs are copied into its own buffers before
