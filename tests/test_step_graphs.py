@@ -1,4 +1,4 @@
-"""``cuda-graphs`` (worker/pipelines/step_graphs.py) on the CPU with the tiny model.
+"""``cuda-graphs`` and ``encoder-graphs`` (worker/pipelines/step_graphs.py) on the CPU with the tiny model.
 
 CUDA graphs need a GPU; what they do is measured there (docs/groups.md, docs/benchmarks.md).
 Here :class:`ReplayedOnCpu` stands in for the three CUDA calls and keeps the one rule a real
