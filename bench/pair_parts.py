@@ -38,21 +38,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from regions import emit
 
 
+def seconds(fn: Callable[[], Any], device: torch.device) -> float:
+    """One call's host wall time, the device synced before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
 def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
     """(first call's seconds, median seconds of ``repeats`` calls after two warm ones), host wall time."""
-
-    def once() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
-
-    first = once()
-    once()
-    return first, statistics.median(once() for _ in range(repeats))
+    first = seconds(fn, device)
+    seconds(fn, device)
+    return first, statistics.median(seconds(fn, device) for _ in range(repeats))
 
 
 def pipeline(model: str, device: torch.device, dtype: torch.dtype) -> Any:

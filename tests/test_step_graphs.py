@@ -66,6 +66,13 @@ def images(cache: WarmPipelines, n: int, adapter: str | None = None, negative: s
     return [np.asarray(image, dtype=np.int16) for image in result.images]
 
 
+def flux_image(pipe: Any, steps: int) -> np.ndarray:
+    """One 64x64 image of a tiny FLUX pipeline, seeded."""
+    generator = torch.Generator().manual_seed(3)
+    return pipe("a red fox", width=64, height=64, num_inference_steps=steps, guidance_scale=3.5,
+                generator=generator, output_type="np").images[0]  # fmt: skip
+
+
 @pytest.fixture
 def graphed(cache_dir) -> tuple[WarmPipelines, ReplayedOnCpu]:
     cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
@@ -186,12 +193,11 @@ def test_a_flux_groups_transformer_is_graphed_whole_and_released_before_the_grou
     from worker.group.engine import ALL_ROWS
     from worker.pipelines.models import build_flux
 
-    def image(pipe: Any) -> np.ndarray:
-        generator = torch.Generator().manual_seed(3)
-        return pipe("a red fox", width=64, height=64, num_inference_steps=3, guidance_scale=3.5,
-                    generator=generator, output_type="np").images[0]  # fmt: skip
-
     pipe = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+
+    def image(pipe: Any) -> np.ndarray:
+        return flux_image(pipe, steps=3)
+
     plain = image(pipe)
     with caplog.at_level(logging.INFO, logger="diffq.worker"):
         assert step_graphs.install(pipe.transformer, ALL_ROWS) is None  # what a CPU group gets
@@ -300,12 +306,11 @@ def test_a_flux_pipelines_clip_and_t5_calls_are_replayed_with_the_same_image():
 
     from worker.pipelines.models import build_flux
 
-    def image(pipe: Any) -> np.ndarray:
-        generator = torch.Generator().manual_seed(3)
-        return pipe("a red fox", width=64, height=64, num_inference_steps=2, guidance_scale=3.5,
-                    generator=generator, output_type="np").images[0]  # fmt: skip
-
     pipe = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+
+    def image(pipe: Any) -> np.ndarray:
+        return flux_image(pipe, steps=2)
+
     plain = image(pipe)
     graphs = [ReplayedOnCpu(m, lever="encoder-graphs") for m in (pipe.text_encoder, pipe.text_encoder_2)]
     assert step_graphs.every(pipe) == graphs and type(pipe.text_encoder_2).__name__ == "T5EncoderModel"
