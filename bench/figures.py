@@ -544,6 +544,40 @@ def _decodemem() -> dict[str, Callable[[], str]]:
     return out
 
 
+def _ringcalls() -> dict[str, Callable[[], str]]:
+    """A ring rank's attention kernels on one H200 (``ringcalls``, bench/ring_calls.py): two
+    cuDNN calls of half the keys and the merge against one call of all of them, and one GPU's
+    whole attention, one step's 57 layers as one CUDA graph; then the issue's first pair call
+    timed on the same GPU (``done2``/``done2c`` with the pair's runs failing at once)."""
+    name = "h200-ringcalls-call.jsonl"
+
+    def ms(size: int, way: str) -> float:
+        return _one(name, bench="ring_calls", size=size, way=way)["ms_per_layer"]
+
+    def image(size: int, way: str) -> float:
+        return _one(name, bench="ring_calls", size=size, way=way)["s_per_image"]
+
+    figures: dict[str, Callable[[], str]] = {}
+    for size in (1024, 2048):
+        figures |= {
+            f"ringcalls.{size}.calls": lambda z=size: (
+                f"{ms(z, 'ring-product'):.3f} → {ms(z, 'whole-heads-first'):.3f} ms"
+            ),
+            f"ringcalls.{size}.views": lambda z=size: f"{ms(z, 'whole-views'):.3f} ms",
+            f"ringcalls.{size}.image": lambda z=size: (
+                f"{image(z, 'ring-product'):.3f} → {image(z, 'whole-heads-first'):.3f} s"
+            ),
+            f"ringcalls.{size}.half": lambda z=size: f"{ms(z, '1gpu-cudnn') / 2:.3f} ms",
+            f"ringcalls.{size}.over-half": lambda z=size: (
+                f"{ms(z, 'whole-heads-first') / (ms(z, '1gpu-cudnn') / 2) - 1:.0%}"
+            ),
+            f"ringcalls.{size}.flash": lambda z=size: (
+                f"{ms(z, '1gpu-flash'):.3f} ms against cuDNN's {ms(z, '1gpu-cudnn'):.3f} ms"
+            ),
+        }
+    return figures
+
+
 def _encgraphs() -> dict[str, Callable[[], str]]:
     """``encoder-graphs`` on one H200 (``encgraphs``): the prompt's encode eager and graphed,
     alternated (bench/encode_graphs.py); one image at batch 1 with a CFG pair's levers (SDXL) and
@@ -966,6 +1000,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_decodemem(),
     **_fluxvae(),
     **_encgraphs(),
+    **_ringcalls(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

@@ -45,7 +45,8 @@
 #   bash bench/group_device.sh encgraphs  # one GPU: the prompt's encode eager and with encoder-graphs (SDXL, FLUX); one SDXL image at batch 1 and one FLUX image without and with it
 #   bash bench/group_device.sh encgraphsq  # one GPU: an SDXL single worker through the queue with cuda-graphs, without and with encoder-graphs; FLUX bare again
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
-#   bash bench/group_device.sh done2; bash bench/group_device.sh done2b  # 2 GPUs, back to back: the issue's "done means" (SDXL b1/b4, FLUX 1024²/2048², queues, data parallel)
+#   bash bench/group_device.sh ringcalls  # one GPU: a ring rank's attention calls (two and a merge) against one call over all keys, heads-first and through views
+#   bash bench/group_device.sh done2; bash bench/group_device.sh done2b; bash bench/group_device.sh done2c  # 2 GPUs, back to back: the issue's "done means" (SDXL b1; FLUX 1024²/2048² and data parallel; SDXL b4)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
@@ -599,28 +600,33 @@ fusedrows)  # issue 46, one GPU: does fuse-qkv fill the GPU better at a CFG rank
     --min-left-s 150 --variants cudagraphs-fp16,fusedgraphs-fp16 > $OUT/unet1.log 2>&1; echo "unet rows 1 rc=$? at ${SECONDS}s"
   cat $OUT/part1.jsonl $OUT/part2.jsonl $OUT/unet1.jsonl > $R 2>/dev/null; grep -h -i -E "error|Traceback" $OUT/*.log | head -5
   ;;
-done2)  # issue 46's "done means" on a pair, first of two calls back to back on one machine (one compile cache; not run
-  # yet: one GPU was lent when it was written). SDXL at batch 1: one GPU with the worker's levers and with the pair's,
-  # the CFG pair (the group's defaults); at batch 4 the same; then the pair through the queue (8 one-image jobs)
+ringcalls)  # issue 46, one GPU: a ring rank spends 0.08 s an image in attention over half of one GPU's; its two cuDNN
+  # calls of half the keys and the merge against one call of all the keys (heads-first, and through tokens-first views
+  # of memory laid out as the gather leaves it), one step's 57 layers as one CUDA graph (bench/ring_calls.py)
+  python3 bench/ring_calls.py --out $R > $OUT/calls.log 2>&1; echo "calls rc=$? at ${SECONDS}s"
+  ;;
+done2)  # issue 46's "done means" on a pair: the first of three calls back to back on one machine (one compile cache
+  # in /tmp), not run on a pair yet (one GPU was lent when they were written). SDXL at batch 1: one GPU with the
+  # worker's defaults (W, CUDA_DEFAULT_SPEEDUPS: empty-negative among them since 2026-11-27) and with the pair's levers
+  # (P), the CFG pair (the group's defaults), then the pair through the queue (8 one-image jobs). Timed on one H200
+  # (2026-11-29, the pair's runs failing at once, cold cache): W's run ended at 148 s (its compile 123 s); P, which
+  # compiles its own graphs, did not end within 120 s (hence 250)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  W=vae-fp16,compile-unet,compile-vae P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
+  W=vae-fp16,compile-unet,compile-vae,empty-negative P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
   nvidia-smi topo -m > $OUT/topo.txt 2>&1
-  for v in "1|$W|--save /tmp/sdxl1.npy|worker-levers" "1|$P|--compare /tmp/sdxl1.npy|pair-levers" \
-      "4|$W|--save /tmp/sdxl4.npy|b4-worker-levers" "4|$P|--compare /tmp/sdxl4.npy|b4-pair-levers"; do
-    IFS='|' read -r batch levers images label <<< "$v"
-    [ $SECONDS -lt 330 ] && { DIFFQ_SPEEDUPS=$levers timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches $batch \
-      --runs 3 $images --out $R --label sdxl-1gpu-$label > $OUT/1gpu-$label.log 2>&1; echo "1 GPU $label rc=$? at ${SECONDS}s"; }
-    [ "$label" = pair-levers ] && [ $SECONDS -lt 380 ] && { timeout 160 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel \
-      --batches 1 --runs 5 --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2 > $OUT/cfg2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"; }
-  done
-  [ $SECONDS -lt 430 ] && { timeout 130 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 \
-    --compare /tmp/sdxl4.npy --out $R --label sdxl-cfg2-b4 > $OUT/cfg2-b4.log 2>&1; echo "CFG 2 b4 rc=$? at ${SECONDS}s"; }
-  [ $SECONDS -lt 480 ] && { timeout $((570 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
+  DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy \
+    --out $R --label sdxl-1gpu-worker-levers > $OUT/1gpu-worker-levers.log 2>&1; echo "1 GPU worker-levers rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$P timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --compare /tmp/sdxl1.npy \
+    --out $R --label sdxl-1gpu-pair-levers > $OUT/1gpu-pair-levers.log 2>&1; echo "1 GPU pair-levers rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 400 ] && { timeout 200 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 5 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2 > $OUT/cfg2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 480 ] && { timeout $((575 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU with the ring's levers against the ring of 2
-  # (the group's defaults); the ring through the queue; then one SDXL worker per GPU against one (data parallel)
+  # (the group's defaults); then data parallel, one SDXL worker per GPU (its defaults) against one, jobs of 4 images
+  # (timed on one H200: a worker's first compile of that shape 104 s; with it cached, 24 images from launch to exit in 46 s)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
   for size in 1024 2048; do
@@ -630,10 +636,22 @@ done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU 
       timeout 160 $TR --nproc-per-node 2 bench/group.py $F --size $size --ring-degree 2 --runs $runs --compare /tmp/flux$size.npy \
         --out $R --label flux-$size-r2 > $OUT/flux$size-r2.log 2>&1; echo "$size ring 2 rc=$? at ${SECONDS}s"; }
   done
-  [ $SECONDS -lt 380 ] && { timeout 150 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" --jobs 8 \
+  [ $SECONDS -lt 420 ] && { timeout 100 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" --jobs 8 \
     --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
-  [ $SECONDS -lt 420 ] && { timeout $((580 - SECONDS)) python3 bench/e2e_queue.py --out $R --gpu-counts 1,2 --images-per-gpu 24 \
-    --chunk 8 --tag data-parallel --timeout 160 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 450 ] && { timeout $((585 - SECONDS)) python3 bench/e2e_queue.py --out $R --gpu-counts 1,2 --images-per-gpu 24 \
+    --chunk 4 --tag data-parallel --timeout 200 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults and with the pair's levers, the CFG pair.
+  # Timed on one H200 (the pair's run failing at once): W's first compile at batch 4 took 110-139 s
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  W=vae-fp16,compile-unet,compile-vae,empty-negative P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
+  DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --save /tmp/sdxl4.npy \
+    --out $R --label sdxl-1gpu-b4-worker-levers > $OUT/1gpu-b4-worker-levers.log 2>&1; echo "1 GPU b4 worker-levers rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$P timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --compare /tmp/sdxl4.npy \
+    --out $R --label sdxl-1gpu-b4-pair-levers > $OUT/1gpu-b4-pair-levers.log 2>&1; echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 400 ] && { timeout $((585 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 \
+    --compare /tmp/sdxl4.npy --out $R --label sdxl-cfg2-b4 > $OUT/cfg2-b4.log 2>&1; echo "CFG 2 b4 rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
