@@ -607,19 +607,20 @@ ringcalls)  # issue 46, one GPU: a ring rank spends 0.08 s an image in attention
   ;;
 done2)  # issue 46's "done means" on a pair: the first of three calls back to back on one machine (one compile cache
   # in /tmp), not run on a pair yet (one GPU was lent when they were written). SDXL at batch 1: one GPU with the
-  # worker's defaults (W, CUDA_DEFAULT_SPEEDUPS: empty-negative among them since 2026-11-27) and with the pair's levers
-  # (P), the CFG pair (the group's defaults), then the pair through the queue (8 one-image jobs). Timed on one H200
-  # (2026-11-29, the pair's runs failing at once, cold cache): W's run ended at 148 s (its compile 123 s); P, which
-  # compiles its own graphs, did not end within 120 s (hence 250)
+  # worker's defaults (W, CUDA_DEFAULT_SPEEDUPS: empty-negative among them since 2026-11-27), the CFG pair (the group's
+  # defaults), one GPU with the pair's levers (P), then the pair through the queue (8 one-image jobs); the ratio's two
+  # runs first. Timed on one H200 (2026-11-29, the pair's runs failing at once, cold cache): W's run ended at 148 s (its
+  # compile 123 s); P, which compiles its own graphs, did not end within 120 s (hence 200)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   W=vae-fp16,compile-unet,compile-vae,empty-negative P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
   nvidia-smi topo -m > $OUT/topo.txt 2>&1
   DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy \
     --out $R --label sdxl-1gpu-worker-levers > $OUT/1gpu-worker-levers.log 2>&1; echo "1 GPU worker-levers rc=$? at ${SECONDS}s"
-  DIFFQ_SPEEDUPS=$P timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --compare /tmp/sdxl1.npy \
-    --out $R --label sdxl-1gpu-pair-levers > $OUT/1gpu-pair-levers.log 2>&1; echo "1 GPU pair-levers rc=$? at ${SECONDS}s"
-  [ $SECONDS -lt 400 ] && { timeout 200 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 5 \
-    --compare /tmp/sdxl1.npy --out $R --label sdxl-cfg2 > $OUT/cfg2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"; }
+  timeout 200 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 5 --compare /tmp/sdxl1.npy \
+    --out $R --label sdxl-cfg2 > $OUT/cfg2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 400 ] && { DIFFQ_SPEEDUPS=$P timeout 200 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 \
+    --compare /tmp/sdxl1.npy --out $R --label sdxl-1gpu-pair-levers > $OUT/1gpu-pair-levers.log 2>&1
+    echo "1 GPU pair-levers rc=$? at ${SECONDS}s"; }
   [ $SECONDS -lt 480 ] && { timeout $((575 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
@@ -642,16 +643,17 @@ done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU 
     --chunk 4 --tag data-parallel --timeout 200 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
-done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults and with the pair's levers, the CFG pair.
+done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults, the CFG pair, one GPU with the pair's levers.
   # Timed on one H200 (the pair's run failing at once): W's first compile at batch 4 took 110-139 s
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   W=vae-fp16,compile-unet,compile-vae,empty-negative P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
   DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --save /tmp/sdxl4.npy \
     --out $R --label sdxl-1gpu-b4-worker-levers > $OUT/1gpu-b4-worker-levers.log 2>&1; echo "1 GPU b4 worker-levers rc=$? at ${SECONDS}s"
-  DIFFQ_SPEEDUPS=$P timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --compare /tmp/sdxl4.npy \
-    --out $R --label sdxl-1gpu-b4-pair-levers > $OUT/1gpu-b4-pair-levers.log 2>&1; echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"
-  [ $SECONDS -lt 400 ] && { timeout $((585 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 \
-    --compare /tmp/sdxl4.npy --out $R --label sdxl-cfg2-b4 > $OUT/cfg2-b4.log 2>&1; echo "CFG 2 b4 rc=$? at ${SECONDS}s"; }
+  timeout 220 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 --compare /tmp/sdxl4.npy \
+    --out $R --label sdxl-cfg2-b4 > $OUT/cfg2-b4.log 2>&1; echo "CFG 2 b4 rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 420 ] && { DIFFQ_SPEEDUPS=$P timeout $((585 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $S --batches 4 \
+    --runs 3 --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-pair-levers > $OUT/1gpu-b4-pair-levers.log 2>&1
+    echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
