@@ -46,7 +46,7 @@
 #   bash bench/group_device.sh encgraphsq  # one GPU: an SDXL single worker through the queue with cuda-graphs, without and with encoder-graphs; FLUX bare again
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh ringcalls  # one GPU: a ring rank's attention calls (two and a merge) against one call over all keys, heads-first and through views
-#   bash bench/group_device.sh done2; bash bench/group_device.sh done2b; bash bench/group_device.sh done2c  # 2 GPUs, back to back: the issue's "done means" (SDXL b1; FLUX 1024²/2048² and data parallel; SDXL b4)
+#   bash bench/group_device.sh done2; bash bench/group_device.sh done2b; bash bench/group_device.sh done2c  # 2 GPUs, back to back: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4 and data parallel)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
@@ -626,8 +626,7 @@ done2)  # issue 46's "done means" on a pair: the first of three calls back to ba
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU with the ring's levers against the ring of 2
-  # (the group's defaults); then data parallel, one SDXL worker per GPU (its defaults) against one, jobs of 4 images
-  # (timed on one H200: a worker's first compile of that shape 104 s; with it cached, 24 images from launch to exit in 46 s)
+  # (the group's defaults); the ring through the queue
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
   for size in 1024 2048; do
@@ -637,21 +636,23 @@ done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU 
       timeout 160 $TR --nproc-per-node 2 bench/group.py $F --size $size --ring-degree 2 --runs $runs --compare /tmp/flux$size.npy \
         --out $R --label flux-$size-r2 > $OUT/flux$size-r2.log 2>&1; echo "$size ring 2 rc=$? at ${SECONDS}s"; }
   done
-  [ $SECONDS -lt 420 ] && { timeout 100 python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" --jobs 8 \
-    --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
-  [ $SECONDS -lt 450 ] && { timeout $((585 - SECONDS)) python3 bench/e2e_queue.py --out $R --gpu-counts 1,2 --images-per-gpu 24 \
-    --chunk 4 --tag data-parallel --timeout 200 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 450 ] && { timeout $((580 - SECONDS)) python3 bench/group_queue.py --gpus 2 $F --degrees "--ring-degree 2" \
+    --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
-done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults, the CFG pair, one GPU with the pair's levers.
-  # Timed on one H200 (the pair's run failing at once): W's first compile at batch 4 took 110-139 s
+done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults, the CFG pair; data parallel, one SDXL worker
+  # per GPU (its defaults) against one, jobs of 4 images (the shape just compiled); one GPU with the pair's levers last.
+  # Timed on one H200 (the pair's run failing at once): W's first compile at batch 4 took 110-139 s; a worker then
+  # reused its graphs (0 compiles) and took 46 s from launch to exit for 24 images
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   W=vae-fp16,compile-unet,compile-vae,empty-negative P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
   DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --save /tmp/sdxl4.npy \
     --out $R --label sdxl-1gpu-b4-worker-levers > $OUT/1gpu-b4-worker-levers.log 2>&1; echo "1 GPU b4 worker-levers rc=$? at ${SECONDS}s"
   timeout 220 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 --compare /tmp/sdxl4.npy \
     --out $R --label sdxl-cfg2-b4 > $OUT/cfg2-b4.log 2>&1; echo "CFG 2 b4 rc=$? at ${SECONDS}s"
-  [ $SECONDS -lt 420 ] && { DIFFQ_SPEEDUPS=$P timeout $((585 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $S --batches 4 \
+  [ $SECONDS -lt 360 ] && { timeout 240 python3 bench/e2e_queue.py --out $R --gpu-counts 1,2 --images-per-gpu 24 --chunk 4 \
+    --tag data-parallel --timeout 120 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 430 ] && { DIFFQ_SPEEDUPS=$P timeout $((585 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $S --batches 4 \
     --runs 3 --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-pair-levers > $OUT/1gpu-b4-pair-levers.log 2>&1
     echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
