@@ -626,7 +626,8 @@ done2)  # issue 46's "done means" on a pair: the first of three calls back to ba
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU with the ring's levers against the ring of 2
-  # (the group's defaults); the ring through the queue
+  # (the group's defaults); the ring through the queue. Timed on one H200 (the ring's runs failing at once, cold cache):
+  # one GPU's 1024² run ended at 83 s (first call 52 s), its 2048² run at 192 s (first call 65 s)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
   for size in 1024 2048; do
