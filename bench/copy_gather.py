@@ -26,8 +26,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 
-def timed_graph(fn: Callable[[], object], runs: int) -> float:
-    """Median seconds of one replay of ``fn`` captured as one CUDA graph."""
+def timed_graph(fn: Callable[[], object], runs: int, before: Callable[[], object] = dist.barrier) -> float:
+    """Median seconds of one replay of ``fn`` captured as one CUDA graph; ``before`` runs ahead of
+    each replay (the ranks meet; ``bench/ring_calls.py`` on one GPU passes a no-op)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -40,7 +41,7 @@ def timed_graph(fn: Callable[[], object], runs: int) -> float:
         fn()
     times = []
     for _ in range(runs):
-        dist.barrier()
+        before()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

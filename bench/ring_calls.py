@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from copy_gather import timed_graph
 from regions import emit
 
 from worker.group import ring_attention as ring
@@ -103,26 +104,7 @@ def per_layer_ms(fn: Callable[[], torch.Tensor], layers: int, repeats: int, devi
                 fn()
             times.append((time.perf_counter() - started) * 1e3 / layers)
         return statistics.median(times)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / layers)
-    return statistics.median(times)
+    return timed_graph(lambda: [fn() for _ in range(layers)], repeats, before=lambda: None) * 1e3 / layers
 
 
 def main() -> None:
