@@ -2,16 +2,17 @@
 
 It runs on its own gloo process group (CPU, TCP) with the group's timeout, apart from the
 NCCL groups xDiT computes on: a command or an answer is a small pickled object (images come
-back as uint8 arrays, 3 MB at 1024²), and gloo turns a dead or silent peer into an exception
-after ``timeout_s`` instead of a hang. Rank 0 is the only sender of commands; it pings every
-:data:`PING_INTERVAL_S` while idle, so a follower waiting for work never sits near the timeout.
+back as PIL images, 3 MB at 1024²; rank 0's own stay where they are), and gloo turns a dead or
+silent peer into an exception after ``timeout_s`` instead of a hang. Rank 0 is the only sender
+of commands; it pings every :data:`PING_INTERVAL_S` while idle, so a follower waiting for work
+never sits near the timeout.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -40,7 +41,7 @@ class Command:
 class Answer:
     rank: int
     dp_rank: int = 0
-    images: list[Any] | None = None  # uint8 HxWx3 arrays, from the rank that holds its dp group's result
+    images: list[Any] | None = None  # PIL images, from the rank that holds its dp group's result
     error: str | None = None  # "rank N: Class: first line" when this rank's part failed
     permanent: bool = False
     oom: bool = False
@@ -89,13 +90,22 @@ class Control:
         return box[0]
 
     def gather(self, answer: Answer) -> list[Answer]:
-        """Every rank's answer at rank 0 (others get an empty list)."""
+        """Every rank's answer at rank 0 (others get an empty list).
+
+        Rank 0's own answer does not travel: its images (3 MB at 1024²) would be pickled and sent
+        to itself, and gloo pads every rank's part to the largest, so each other rank would send
+        as many bytes of nothing. Measured on 2 CPU ranks: 5.7-6.6 ms a gather with a 1024² image
+        at rank 0, 0.8 ms without; a CFG pair's job at batch 1 takes 0.65 s on H200s."""
+        sent = replace(answer, images=None) if self.rank == 0 else answer
         out: list[Any] | None = [None] * self.world if self.rank == 0 else None
         try:
-            dist.gather_object(answer, out, dst=0, group=self.group)
+            dist.gather_object(sent, out, dst=0, group=self.group)
         except Exception as exc:
             raise GroupLost(_why(exc, self.timeout_s)) from None
-        return list(out or [])
+        if out is None:
+            return []
+        out[0] = answer
+        return list(out)
 
 
 def _why(exc: BaseException, timeout_s: float) -> str:

@@ -24,7 +24,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -264,7 +263,7 @@ class RankEngine:
         if result is not None:
             answer.timings = {"encode_s": result.encode_s, "denoise_s": result.denoise_s, "decode_s": result.decode_s}
             if self.holder:
-                answer.images = [np.asarray(image) for image in result.images]
+                answer.images = list(result.images)
         elif self.holder:
             answer.images = []
         return answer

@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 import redis
 from PIL import Image
 from rq.executions import Execution
@@ -107,7 +106,7 @@ class GroupPipelines:
             part = next((a.images for a in answers if a.dp_rank == dp_rank and a.images is not None), None)
             if part is None:
                 raise RankFailed(f"no rank returned the images of data-parallel rank {dp_rank}")
-            images += [Image.fromarray(np.asarray(array)) for array in part]
+            images += part
         if len(images) != len(prompts):
             raise RankFailed(f"the group returned {len(images)} image(s) for {len(prompts)} prompt(s)")
 
