@@ -578,6 +578,75 @@ def _ringcalls() -> dict[str, Callable[[], str]]:
     return figures
 
 
+def _done2() -> dict[str, Callable[[], str]]:
+    """Issue 46's "done means" on a pair of H200s (2026-11-29, three calls back to back on one
+    machine): SDXL at batch 1 (``done2``), FLUX 1024² and 2048² (``done2b``), SDXL at batch 4
+    (``done2c``), each pair against one GPU in the same call; the groups through the queue."""
+    b1, flux, b4 = "h200x2-done2-call.jsonl", "h200x2-done2b-call.jsonl", "h200x2-done2c-call.jsonl"
+
+    def run(name: str, label: str) -> dict[str, Any]:
+        return _one(name, label=label)
+
+    def ratio(name: str, one: str, many: str) -> str:
+        a, b = run(name, one)["s_per_img"], run(name, many)["s_per_img"]
+        return f"{a:.3f} → {b:.3f} s ({a / b:.2f}×)"
+
+    def calls(name: str, label: str) -> str:
+        return " / ".join(f"{c:.3f}" for c in run(name, label)["calls"])
+
+    def queue(name: str) -> dict[str, Any]:
+        line = _one(name, kind="group-queue")
+        if line["rc"] != 0 or line["images"] != line["jobs"] * line["chunk"]:
+            raise LookupError(f"{name}: the group exited {line['rc']} with {line['images']} images")
+        return line
+
+    def queue_text(name: str) -> str:
+        q = queue(name)
+        return (
+            f"{q['job_s_median']:.3f} s a job, the queue {q['overhead_s_median'] / q['job_s_median']:.1%} of it, "
+            f"{q['queue_overhead_frac']:.1%} over the run"
+        ).replace("%", " %")
+
+    def diff(name: str, label: str) -> str:
+        return f"{run(name, label)['max_pixel_diff_255']}/255"
+
+    return {
+        "done2.b1.worker": lambda: ratio(b1, "sdxl-1gpu-worker-levers", "sdxl-cfg2"),
+        "done2.b1.worker.calls": lambda: calls(b1, "sdxl-1gpu-worker-levers"),
+        "done2.b1.pair-levers": lambda: ratio(b1, "sdxl-1gpu-pair-levers", "sdxl-cfg2"),
+        "done2.b1.pair.calls": lambda: calls(b1, "sdxl-cfg2"),
+        "done2.b1.diff": lambda: diff(b1, "sdxl-cfg2"),
+        "done2.b1.queue": lambda: queue_text(b1),
+        "done2.b4": lambda: ratio(b4, "sdxl-1gpu-b4-worker-levers", "sdxl-cfg2-b4"),
+        "done2.b4.diff": lambda: diff(b4, "sdxl-cfg2-b4"),
+        "done2.flux.1024": lambda: ratio(flux, "flux-1024-1gpu", "flux-1024-r2"),
+        "done2.flux.1024.diff": lambda: diff(flux, "flux-1024-r2"),
+        "done2.flux.1024.decode": lambda: " → ".join(
+            f"{run(flux, label)['phases']['decode_s']:.3f}" for label in ("flux-1024-1gpu", "flux-1024-r2")
+        )
+        + " s",
+        "done2.flux.2048": lambda: ratio(flux, "flux-2048-1gpu", "flux-2048-r2"),
+        "done2.flux.2048.diff": lambda: diff(flux, "flux-2048-r2"),
+        "done2.flux.2048.peak": lambda: (
+            f"{run(flux, 'flux-2048-1gpu')['peak_gib']:.2f} → {run(flux, 'flux-2048-r2')['peak_gib']:.2f} GiB"
+        ),
+        "done2.flux.queue": lambda: queue_text(flux),
+        "answergather.1024": lambda: _answer_gather(),
+    }
+
+
+def _answer_gather() -> str:
+    """The group's answer round with rank 0 holding a 1024² image, its images sent to itself
+    through gloo (before 2026-11-29) and kept (since), two runs each (2 CPU ranks, this machine)."""
+    runs = [x for x in _lines("cpu-answer-gather.jsonl") if x["size"] == 1024 and x["ranks"] == 2]
+
+    def span(label: str) -> str:
+        found = sorted(x["ms_median"] for x in runs if x["label"] == label)
+        return f"{found[0]:.1f}-{found[-1]:.1f}" if f"{found[0]:.1f}" != f"{found[-1]:.1f}" else f"{found[0]:.1f}"
+
+    return f"{span('sent')} → {span('kept')} ms"
+
+
 def _encgraphs() -> dict[str, Callable[[], str]]:
     """``encoder-graphs`` on one H200 (``encgraphs``): the prompt's encode eager and graphed,
     alternated (bench/encode_graphs.py); one image at batch 1 with a CFG pair's levers (SDXL) and
@@ -1001,6 +1070,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_fluxvae(),
     **_encgraphs(),
     **_ringcalls(),
+    **_done2(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

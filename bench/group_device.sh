@@ -46,7 +46,7 @@
 #   bash bench/group_device.sh encgraphsq  # one GPU: an SDXL single worker through the queue with cuda-graphs, without and with encoder-graphs; FLUX bare again
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh ringcalls  # one GPU: a ring rank's attention calls (two and a merge) against one call over all keys, heads-first and through views
-#   bash bench/group_device.sh done2; bash bench/group_device.sh done2b; bash bench/group_device.sh done2c  # 2 GPUs, back to back: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4 and data parallel)
+#   bash bench/group_device.sh done2  # then done2b, done2c, done2d: 2 GPUs, back to back on one machine: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4; data parallel)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
@@ -605,8 +605,8 @@ ringcalls)  # issue 46, one GPU: a ring rank spends 0.08 s an image in attention
   # of memory laid out as the gather leaves it), one step's 57 layers as one CUDA graph (bench/ring_calls.py)
   python3 bench/ring_calls.py --out $R > $OUT/calls.log 2>&1; echo "calls rc=$? at ${SECONDS}s"
   ;;
-done2)  # issue 46's "done means" on a pair: the first of three calls back to back on one machine (one compile cache
-  # in /tmp), not run on a pair yet (one GPU was lent when they were written). SDXL at batch 1: one GPU with the
+done2)  # issue 46's "done means" on a pair: the first of four calls back to back on one machine (one compile cache
+  # in /tmp); run on 2 H200s on 2026-11-29 (h200x2-done2-call: ended at 531 s). SDXL at batch 1: one GPU with the
   # worker's defaults (W, CUDA_DEFAULT_SPEEDUPS: empty-negative among them since 2026-11-27), the CFG pair (the group's
   # defaults), one GPU with the pair's levers (P), then the pair through the queue (8 one-image jobs); the ratio's two
   # runs first. Timed on one H200 (2026-11-29, the pair's runs failing at once, cold cache): W's run ended at 148 s (its
@@ -625,7 +625,8 @@ done2)  # issue 46's "done means" on a pair: the first of three calls back to ba
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
-done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU with the ring's levers against the ring of 2
+done2b)  # the second call (right after done2; on 2 H200s it ended at 424 s): FLUX 1024² and 2048², one GPU with the
+  # ring's levers against the ring of 2
   # (the group's defaults); the ring through the queue. Timed on one H200 (the ring's runs failing at once, cold cache):
   # one GPU's 1024² run ended at 83 s (first call 52 s), its 2048² run at 192 s (first call 65 s)
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
@@ -641,21 +642,27 @@ done2b)  # the second call (right after done2): FLUX 1024² and 2048², one GPU 
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
-done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults, the CFG pair; data parallel, one SDXL worker
-  # per GPU (its defaults) against one, jobs of 4 images (the shape just compiled); one GPU with the pair's levers last.
-  # Timed on one H200 (the pair's run failing at once): W's first compile at batch 4 took 110-139 s; a worker then
-  # reused its graphs (0 compiles) and took 46 s from launch to exit for 24 images
+done2c)  # the third call: SDXL at batch 4, one GPU with the worker's defaults against the CFG pair. On 2 H200s
+  # (2026-11-29, after done2 and done2b on the same machine) one GPU's run ended at 213 s (first call 174 s) and the
+  # pair's at 416 s (first call 169 s): nothing else fits, so data parallel and the pair's levers are done2d
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  W=vae-fp16,compile-unet,compile-vae,empty-negative P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
+  W=vae-fp16,compile-unet,compile-vae,empty-negative
   DIFFQ_SPEEDUPS=$W timeout 250 $TR --nproc-per-node 1 bench/group.py $S --batches 4 --runs 3 --save /tmp/sdxl4.npy \
     --out $R --label sdxl-1gpu-b4-worker-levers > $OUT/1gpu-b4-worker-levers.log 2>&1; echo "1 GPU b4 worker-levers rc=$? at ${SECONDS}s"
-  timeout 220 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 --compare /tmp/sdxl4.npy \
+  timeout 250 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 4 --runs 3 --compare /tmp/sdxl4.npy \
     --out $R --label sdxl-cfg2-b4 > $OUT/cfg2-b4.log 2>&1; echo "CFG 2 b4 rc=$? at ${SECONDS}s"
-  [ $SECONDS -lt 360 ] && { timeout 240 python3 bench/e2e_queue.py --out $R --gpu-counts 1,2 --images-per-gpu 24 --chunk 4 \
-    --tag data-parallel --timeout 120 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"; }
-  [ $SECONDS -lt 430 ] && { DIFFQ_SPEEDUPS=$P timeout $((585 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $S --batches 4 \
-    --runs 3 --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-pair-levers > $OUT/1gpu-b4-pair-levers.log 2>&1
-    echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+done2d)  # the fourth call: data parallel, one SDXL worker per GPU (its defaults) against one, jobs of 4 images (the
+  # shape done2c compiled: a worker reused a bench's graphs on one H200, 0 compiles, 46 s from launch to exit for 24
+  # images); then one GPU with the pair's levers at batch 4 against done2c's images (its own compile: 170 s or more)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
+  timeout 300 python3 bench/e2e_queue.py --out $R --gpu-counts 1,2 --images-per-gpu 24 --chunk 4 \
+    --tag data-parallel --timeout 240 --logs $OUT > $OUT/scaling.log 2>&1; echo "scaling rc=$? at ${SECONDS}s"
+  [ -f /tmp/sdxl4.npy ] && [ $SECONDS -lt 330 ] && { DIFFQ_SPEEDUPS=$P timeout $((585 - SECONDS)) $TR --nproc-per-node 1 \
+    bench/group.py $S --batches 4 --runs 3 --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-pair-levers \
+    > $OUT/1gpu-b4-pair-levers.log 2>&1; echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
