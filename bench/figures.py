@@ -621,10 +621,10 @@ def _done2() -> dict[str, Callable[[], str]]:
         "done2.b4.diff": lambda: diff(b4, "sdxl-cfg2-b4"),
         "done2.flux.1024": lambda: ratio(flux, "flux-1024-1gpu", "flux-1024-r2"),
         "done2.flux.1024.diff": lambda: diff(flux, "flux-1024-r2"),
-        "done2.flux.1024.decode": lambda: " → ".join(
-            f"{run(flux, label)['phases']['decode_s']:.3f}" for label in ("flux-1024-1gpu", "flux-1024-r2")
-        )
-        + " s",
+        "done2.flux.1024.decode": lambda: (
+            " → ".join(f"{run(flux, label)['phases']['decode_s']:.3f}" for label in ("flux-1024-1gpu", "flux-1024-r2"))
+            + " s"
+        ),
         "done2.flux.2048": lambda: ratio(flux, "flux-2048-1gpu", "flux-2048-r2"),
         "done2.flux.2048.diff": lambda: diff(flux, "flux-2048-r2"),
         "done2.flux.2048.peak": lambda: (
