@@ -25,7 +25,7 @@ from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import adapter_weights, empty_negative, fp8, fused_qkv, models, step_graphs
+from worker.pipelines import adapter_weights, empty_negative, fp8, fused_qkv, models, pinned_device, step_graphs
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
@@ -200,6 +200,7 @@ class WarmPipelines:
                 model=model,
                 fp8_scales=fp8.ScaleStore(Path(self.cache_dir)),
             )
+        pinned_device.pin(pipe)  # placed for good: look its device up once, not twice a batch
         seconds = time.perf_counter() - started
         self.loads += 1
         log.info("model %s ready in %.1fs (offload %s)", model, seconds, offload)
