@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -635,6 +636,53 @@ def _done2() -> dict[str, Callable[[], str]]:
     }
 
 
+def _pinned() -> dict[str, Callable[[], str]]:
+    """The pipeline's execution device pinned (worker/pipelines/pinned_device.py), one H200
+    (2026-11-29). ``queue1``, before it: a one-rank SDXL group at batch 1 through the queue, rank
+    0's main thread timed by part. ``pinned1``: pinned and looked up on every ask, alternated call
+    by call in one process (SDXL at batch 1, FLUX 1024²), then SDXL through the queue."""
+    before, after = "h200-queue1-call.jsonl", "h200-pinned1-call.jsonl"
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    def outside_before() -> str:  # run_split's time beyond the batch's encode, denoise and decode
+        timed = [x for x in _lines(before) if x.get("kind") == "timed"][1:]  # the first job compiles
+        return f"{median([x['run_split'] - x['phases'] for x in timed]) * 1e3:.1f} ms"
+
+    def alternated(label: str) -> str:
+        line = _one(after, label=label)
+        was, now = line["unpinned"], line["pinned"]
+        return (
+            f"{median(was['calls']):.3f} → {median(now['calls']):.3f} s (medians of {len(was['calls'])} calls each; "
+            f"beyond the phases {median(was['outside_phases_s']) * 1e3:.1f} → "
+            f"{median(now['outside_phases_s']) * 1e3:.1f} ms)"
+        )
+
+    def queue() -> str:
+        q = _one(after, kind="group-queue")
+        if q["rc"] != 0 or q["images"] != q["jobs"]:
+            raise LookupError(f"{after}: the group exited {q['rc']} with {q['images']} images")
+        bare = median(_one(after, label="sdxl-1gpu-pair-levers-pinned")["calls"])
+        return (
+            f"{q['job_s_median']:.3f} s a job against the bare call's {bare:.3f} s "
+            f"(+{(q['job_s_median'] - bare) * 1e3:.1f} ms, {q['job_s_median'] / bare - 1:.1%}); beyond the phases "
+            f"{q['overhead_s_median'] * 1e3:.1f} ms"
+        ).replace("%", " %")
+
+    def queue_before() -> str:
+        runs = [x["overhead_s_median"] * 1e3 for x in _lines(before) if x.get("kind") == "group-queue"]
+        return " / ".join(f"{r:.1f}" for r in runs) + " ms"
+
+    return {
+        "pinned.before.outside": outside_before,
+        "pinned.before.queue": queue_before,
+        "pinned.sdxl": lambda: alternated("sdxl-1gpu-pair-levers-pinned"),
+        "pinned.flux": lambda: alternated("flux-1gpu-ring-levers-pinned"),
+        "pinned.queue": queue,
+    }
+
+
 def _answer_gather() -> str:
     """The group's answer round with rank 0 holding a 1024² image, its images sent to itself
     through gloo (before 2026-11-29) and kept (since), two runs each (2 CPU ranks, this machine)."""
@@ -1071,6 +1119,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_encgraphs(),
     **_ringcalls(),
     **_done2(),
+    **_pinned(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

@@ -127,6 +127,12 @@ def main() -> None:
         "not gathered by NCCL's all-gather (the product's)",
     )
     ap.add_argument("--profile", type=Path, help="one more call of the first batch size under torch.profiler")
+    ap.add_argument(
+        "--alternate-pinned",
+        action="store_true",
+        help="odd calls with the pipeline's device looked up by diffusers on every ask, as before 2026-11-29, even "
+        "calls with it pinned (the product's, worker/pipelines/pinned_device.py); both kinds recorded",
+    )
     args = ap.parse_args()
 
     import torch
@@ -136,6 +142,7 @@ def main() -> None:
     from worker.group.comm import init_world, local_rank
     from worker.group.config import GroupLayout
     from worker.group.engine import RankEngine
+    from worker.pipelines import pinned_device
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -253,9 +260,14 @@ def main() -> None:
             "max_batch": batch,
         }  # fmt: skip
         times: list[float] = []
+        unpinned: list[float] = []  # --alternate-pinned's odd calls
+        outside: dict[str, list[float]] = {"pinned": [], "unpinned": []}  # a call's time beyond its phases
         first_call_s = 0.0
         answer = None
         for run in range(args.runs + 1):  # the first call warms up kernels and is not counted
+            looked_up = args.alternate_pinned and run % 2 == 1
+            if args.alternate_pinned:
+                (pinned_device.unpin if looked_up else pinned_device.pin)(engine.loaded.pipe)
             dist.barrier()
             sync()
             t0 = time.perf_counter()
@@ -263,7 +275,9 @@ def main() -> None:
             sync()
             dist.barrier()
             if run:
-                times.append(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                (unpinned if looked_up else times).append(took)
+                outside["unpinned" if looked_up else "pinned"].append(took - sum((answer.timings or {}).values()))
             else:
                 first_call_s = time.perf_counter() - t0  # kernels, and the compile when one is on
             if answer.error:
@@ -300,6 +314,13 @@ def main() -> None:
             "split": split,
             "torch": torch.__version__,
         }
+        if args.alternate_pinned:
+            record["pinned"] = {"calls": record["calls"], "outside_phases_s": [round(t, 4) for t in outside["pinned"]]}
+            record["unpinned"] = {
+                "s_per_img": round(min(unpinned) / batch, 4),
+                "calls": [round(t, 4) for t in unpinned],
+                "outside_phases_s": [round(t, 4) for t in outside["unpinned"]],
+            }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all
         # of them are saved and compared: under CFG parallel each rank decodes half of them)
         box = [np.stack(holder_images) if holder_images else None]

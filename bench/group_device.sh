@@ -46,6 +46,8 @@
 #   bash bench/group_device.sh encgraphsq  # one GPU: an SDXL single worker through the queue with cuda-graphs, without and with encoder-graphs; FLUX bare again
 #   bash bench/group_device.sh fusedrows  # one GPU: SDXL's UNet (a 32x32 transformer at 1 and 2 rows, the whole at 1) under CUDA graphs without and with fuse-qkv
 #   bash bench/group_device.sh ringcalls  # one GPU: a ring rank's attention calls (two and a merge) against one call over all keys, heads-first and through views
+#   bash bench/group_device.sh queue1  # one GPU: a one-image SDXL job through the queue against its bare call, rank 0's main thread timed by part
+#   bash bench/group_device.sh pinned1  # one GPU: the pipeline's device pinned against looked up on every ask, alternated (SDXL b1, FLUX 1024²), and SDXL through the queue
 #   bash bench/group_device.sh done2  # then done2b, done2c, done2d: 2 GPUs, back to back on one machine: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4; data parallel)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -663,6 +665,36 @@ done2d)  # the fourth call: data parallel, one SDXL worker per GPU (its defaults
   [ -f /tmp/sdxl4.npy ] && [ $SECONDS -lt 330 ] && { DIFFQ_SPEEDUPS=$P timeout $((585 - SECONDS)) $TR --nproc-per-node 1 \
     bench/group.py $S --batches 4 --runs 3 --compare /tmp/sdxl4.npy --out $R --label sdxl-1gpu-b4-pair-levers \
     > $OUT/1gpu-b4-pair-levers.log 2>&1; echo "1 GPU b4 pair-levers rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+queue1)  # issue 46, one GPU (a pair was not lent): where a one-image SDXL job's time outside its pipeline call goes. The
+  # CFG pair's queue share was 3.5 % on 2 H200s (24 ms a job, done2). A one-rank group with the pair's levers: the bare
+  # call (bench/group.py), then through the queue (10 one-image jobs) plain and with rank 0's main thread timed by part
+  # (bench/group_variant.py timed), plain again
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
+  DIFFQ_SPEEDUPS=$P timeout 260 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 5 --out $R \
+    --label sdxl-1gpu-pair-levers > $OUT/1gpu-pair-levers.log 2>&1; echo "1 GPU pair-levers rc=$? at ${SECONDS}s"
+  for v in "" timed ""; do
+    [ $SECONDS -lt 470 ] && { DIFFQ_SPEEDUPS=$P DIFFQ_BENCH_TIMED=$OUT/timed.jsonl timeout $((580 - SECONDS)) \
+      python3 bench/group_queue.py --gpus 1 $S --jobs 10 ${v:+--variant $v} --out $R > $OUT/queue${v:+-$v}.log 2>&1
+      echo "queue ${v:-plain} rc=$? at ${SECONDS}s"; }
+  done
+  [ -f $OUT/timed.jsonl ] && sed 's/^/{"kind": "timed", /; s/^{"kind": "timed", {/{"kind": "timed", /' $OUT/timed.jsonl >> $R
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+pinned1)  # issue 46, one GPU: the pipeline's execution device looked up once (worker/pipelines/pinned_device.py)
+  # against diffusers' walk of every module on every ask, alternated call by call in one process (bench/group.py
+  # --alternate-pinned): SDXL at batch 1 with the pair's levers, then through the queue (a one-rank group, 10 jobs),
+  # then FLUX 1024² with the ring's levers
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
+  DIFFQ_SPEEDUPS=$P timeout 280 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 10 --alternate-pinned --out $R \
+    --label sdxl-1gpu-pair-levers-pinned > $OUT/sdxl.log 2>&1; echo "SDXL alternated rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 330 ] && { DIFFQ_SPEEDUPS=$P timeout 120 python3 bench/group_queue.py --gpus 1 $S --jobs 10 --out $R \
+    > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  [ $SECONDS -lt 400 ] && { DIFFQ_SPEEDUPS=$L timeout $((580 - SECONDS)) $TR --nproc-per-node 1 bench/group.py $F --runs 6 \
+    --alternate-pinned --out $R --label flux-1gpu-ring-levers-pinned > $OUT/flux.log 2>&1; echo "FLUX alternated rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 cfgsplit)  # issue 46, 2 GPUs (not run yet: one GPU was lent when it was built): the CFG pair at batch 1 with its one
