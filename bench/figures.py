@@ -636,6 +636,51 @@ def _done2() -> dict[str, Callable[[], str]]:
     }
 
 
+def _done2q() -> dict[str, Callable[[], str]]:
+    """Issue 46 on 2 H200s again (2026-11-29, after rank 0's answer stayed in its memory and the
+    pipeline's device was pinned): ``done2q``, the SDXL CFG pair at batch 1 against one GPU with
+    its levers, bare and through the queue; then data parallel (``bench/e2e_queue.py``, jobs of 4,
+    the worker's defaults, graphs compiled by an earlier call on the same machine)."""
+    name, dp = "h200x2-done2q-call.jsonl", "h200x2-done2d-call.jsonl"
+
+    def queue() -> dict[str, Any]:
+        q = _one(name, kind="group-queue")
+        if q["rc"] != 0 or q["images"] != q["jobs"]:
+            raise LookupError(f"{name}: the group exited {q['rc']} with {q['images']} images")
+        return q
+
+    def bare() -> float:
+        return statistics.median(_one(name, label="sdxl-cfg2")["calls"])
+
+    def queue_text() -> str:
+        q, b = queue(), bare()
+        gap = statistics.median(q["gap_between_jobs_s"])
+        return (
+            f"{q['job_s_median']:.3f} s a job against the bare call's {b:.3f} s (medians; "
+            f"+{q['job_s_median'] / b - 1:.1%}, "
+            f"with the gap to the next job +{(q['job_s_median'] + gap) / b - 1:.1%}); "
+            f"beyond the slowest rank's phases {q['overhead_s_median'] * 1e3:.1f} ms; "
+            f"{q['queue_overhead_frac']:.1%} over the run of {q['jobs']} jobs"
+        ).replace("%", " %")
+
+    def rate(gpus: int) -> float:
+        return _one(dp, gpus=gpus)["steady_img_per_s"]
+
+    return {
+        "done2q.b1": lambda: _ratio_text(name, "sdxl-1gpu-pair-levers", "sdxl-cfg2"),
+        "done2q.b1.calls": lambda: " / ".join(f"{c:.3f}" for c in _one(name, label="sdxl-cfg2")["calls"]),
+        "done2q.b1.diff": lambda: f"{_one(name, label='sdxl-cfg2')['max_pixel_diff_255']}/255",
+        "done2q.queue": queue_text,
+        "done2q.save": lambda: f"{queue()['timings_median']['save_s']:.3f} s",
+        "done2q.dp": lambda: f"{rate(1):.3f} → {rate(2):.3f} img/s ({rate(2) / rate(1):.2f}×)",
+    }
+
+
+def _ratio_text(name: str, one: str, many: str) -> str:
+    a, b = _one(name, label=one)["s_per_img"], _one(name, label=many)["s_per_img"]
+    return f"{a:.3f} → {b:.3f} s ({a / b:.2f}×)"
+
+
 def _pinned() -> dict[str, Callable[[], str]]:
     """The pipeline's execution device pinned (worker/pipelines/pinned_device.py), one H200
     (2026-11-29). ``queue1``, before it: a one-rank SDXL group at batch 1 through the queue, rank
@@ -1120,6 +1165,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_ringcalls(),
     **_done2(),
     **_pinned(),
+    **_done2q(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

@@ -48,6 +48,7 @@
 #   bash bench/group_device.sh ringcalls  # one GPU: a ring rank's attention calls (two and a merge) against one call over all keys, heads-first and through views
 #   bash bench/group_device.sh queue1  # one GPU: a one-image SDXL job through the queue against its bare call, rank 0's main thread timed by part
 #   bash bench/group_device.sh pinned1  # one GPU: the pipeline's device pinned against looked up on every ask, alternated (SDXL b1, FLUX 1024²), and SDXL through the queue
+#   bash bench/group_device.sh done2q  # 2 GPUs, one call: the SDXL CFG pair at batch 1 against one GPU with its levers, and through the queue
 #   bash bench/group_device.sh done2  # then done2b, done2c, done2d: 2 GPUs, back to back on one machine: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4; data parallel)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
@@ -625,6 +626,20 @@ done2)  # issue 46's "done means" on a pair: the first of four calls back to bac
     echo "1 GPU pair-levers rc=$? at ${SECONDS}s"; }
   [ $SECONDS -lt 480 ] && { timeout $((575 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
     --jobs 8 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+done2q)  # issue 46 on a pair, one call (1,065 s of device time were left): the SDXL CFG pair's queue share since rank 0's
+  # answer stays in its memory and the pipeline's device is pinned; one GPU with the pair's levers (P), the pair bare,
+  # then the pair through the queue (10 one-image jobs)
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  P=vae-fp16,compile-unet,compile-vae,cuda-graphs,encoder-graphs
+  nvidia-smi topo -m > $OUT/topo.txt 2>&1
+  DIFFQ_SPEEDUPS=$P timeout 220 $TR --nproc-per-node 1 bench/group.py $S --batches 1 --runs 3 --save /tmp/sdxl1.npy \
+    --out $R --label sdxl-1gpu-pair-levers > $OUT/1gpu-pair-levers.log 2>&1; echo "1 GPU pair-levers rc=$? at ${SECONDS}s"
+  timeout 200 $TR --nproc-per-node 2 bench/group.py $S --cfg-parallel --batches 1 --runs 5 --compare /tmp/sdxl1.npy \
+    --out $R --label sdxl-cfg2 > $OUT/cfg2.log 2>&1; echo "CFG 2 rc=$? at ${SECONDS}s"
+  [ $SECONDS -lt 440 ] && { timeout $((540 - SECONDS)) python3 bench/group_queue.py --gpus 2 $S --degrees=--cfg-parallel \
+    --jobs 10 --out $R > $OUT/queue.log 2>&1; echo "queue rc=$? at ${SECONDS}s"; }
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 done2b)  # the second call (right after done2; on 2 H200s it ended at 424 s): FLUX 1024² and 2048², one GPU with the
