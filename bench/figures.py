@@ -579,6 +579,20 @@ def _ringcalls() -> dict[str, Callable[[], str]]:
     return figures
 
 
+def _ratio_text(name: str, one: str, many: str) -> str:
+    """One GPU's image against a group's, bare, in the same call: both times and the ratio."""
+    a, b = _one(name, label=one)["s_per_img"], _one(name, label=many)["s_per_img"]
+    return f"{a:.3f} → {b:.3f} s ({a / b:.2f}×)"
+
+
+def _group_queue(name: str) -> dict[str, Any]:
+    """The call's one group-through-the-queue line, refused unless every job's images were made."""
+    line = _one(name, kind="group-queue")
+    if line["rc"] != 0 or line["images"] != line["jobs"] * line["chunk"]:
+        raise LookupError(f"{name}: the group exited {line['rc']} with {line['images']} images")
+    return line
+
+
 def _done2() -> dict[str, Callable[[], str]]:
     """Issue 46's "done means" on a pair of H200s (2026-11-29, three calls back to back on one
     machine): SDXL at batch 1 (``done2``), FLUX 1024² and 2048² (``done2b``), SDXL at batch 4
@@ -588,21 +602,13 @@ def _done2() -> dict[str, Callable[[], str]]:
     def run(name: str, label: str) -> dict[str, Any]:
         return _one(name, label=label)
 
-    def ratio(name: str, one: str, many: str) -> str:
-        a, b = run(name, one)["s_per_img"], run(name, many)["s_per_img"]
-        return f"{a:.3f} → {b:.3f} s ({a / b:.2f}×)"
+    ratio = _ratio_text
 
     def calls(name: str, label: str) -> str:
         return " / ".join(f"{c:.3f}" for c in run(name, label)["calls"])
 
-    def queue(name: str) -> dict[str, Any]:
-        line = _one(name, kind="group-queue")
-        if line["rc"] != 0 or line["images"] != line["jobs"] * line["chunk"]:
-            raise LookupError(f"{name}: the group exited {line['rc']} with {line['images']} images")
-        return line
-
     def queue_text(name: str) -> str:
-        q = queue(name)
+        q = _group_queue(name)
         return (
             f"{q['job_s_median']:.3f} s a job, the queue {q['overhead_s_median'] / q['job_s_median']:.1%} of it, "
             f"{q['queue_overhead_frac']:.1%} over the run"
@@ -643,17 +649,11 @@ def _done2q() -> dict[str, Callable[[], str]]:
     the worker's defaults, graphs compiled by an earlier call on the same machine)."""
     name, dp = "h200x2-done2q-call.jsonl", "h200x2-done2d-call.jsonl"
 
-    def queue() -> dict[str, Any]:
-        q = _one(name, kind="group-queue")
-        if q["rc"] != 0 or q["images"] != q["jobs"]:
-            raise LookupError(f"{name}: the group exited {q['rc']} with {q['images']} images")
-        return q
-
     def bare() -> float:
         return statistics.median(_one(name, label="sdxl-cfg2")["calls"])
 
     def queue_text() -> str:
-        q, b = queue(), bare()
+        q, b = _group_queue(name), bare()
         gap = statistics.median(q["gap_between_jobs_s"])
         return (
             f"{q['job_s_median']:.3f} s a job against the bare call's {b:.3f} s (medians; "
@@ -671,14 +671,9 @@ def _done2q() -> dict[str, Callable[[], str]]:
         "done2q.b1.calls": lambda: " / ".join(f"{c:.3f}" for c in _one(name, label="sdxl-cfg2")["calls"]),
         "done2q.b1.diff": lambda: f"{_one(name, label='sdxl-cfg2')['max_pixel_diff_255']}/255",
         "done2q.queue": queue_text,
-        "done2q.save": lambda: f"{queue()['timings_median']['save_s']:.3f} s",
+        "done2q.save": lambda: f"{_group_queue(name)['timings_median']['save_s']:.3f} s",
         "done2q.dp": lambda: f"{rate(1):.3f} → {rate(2):.3f} img/s ({rate(2) / rate(1):.2f}×)",
     }
-
-
-def _ratio_text(name: str, one: str, many: str) -> str:
-    a, b = _one(name, label=one)["s_per_img"], _one(name, label=many)["s_per_img"]
-    return f"{a:.3f} → {b:.3f} s ({a / b:.2f}×)"
 
 
 def _pinned() -> dict[str, Callable[[], str]]:
@@ -705,9 +700,7 @@ def _pinned() -> dict[str, Callable[[], str]]:
         )
 
     def queue() -> str:
-        q = _one(after, kind="group-queue")
-        if q["rc"] != 0 or q["images"] != q["jobs"]:
-            raise LookupError(f"{after}: the group exited {q['rc']} with {q['images']} images")
+        q = _group_queue(after)
         bare = median(_one(after, label="sdxl-1gpu-pair-levers-pinned")["calls"])
         return (
             f"{q['job_s_median']:.3f} s a job against the bare call's {bare:.3f} s "
