@@ -666,12 +666,23 @@ def _done2q() -> dict[str, Callable[[], str]]:
     def rate(gpus: int) -> float:
         return _one(dp, gpus=gpus)["steady_img_per_s"]
 
+    def denoise_text() -> str:  # the UNet's share alone, and the ratio were encode and decode free
+        one, pair = (_one(name, label=x) for x in ("sdxl-1gpu-pair-levers", "sdxl-cfg2"))
+        d1, d2 = one["phases"]["denoise_s"], pair["phases"]["denoise_s"]
+        return f"{d1:.3f} → {d2:.3f} s ({d1 / d2:.2f}×"
+
+    def bound_text() -> str:
+        one, pair = (_one(name, label=x) for x in ("sdxl-1gpu-pair-levers", "sdxl-cfg2"))
+        return f"{one['s_per_img'] / pair['phases']['denoise_s']:.2f}×"
+
     return {
         "done2q.b1": lambda: _ratio_text(name, "sdxl-1gpu-pair-levers", "sdxl-cfg2"),
         "done2q.b1.calls": lambda: " / ".join(f"{c:.3f}" for c in _one(name, label="sdxl-cfg2")["calls"]),
         "done2q.b1.diff": lambda: f"{_one(name, label='sdxl-cfg2')['max_pixel_diff_255']}/255",
         "done2q.queue": queue_text,
         "done2q.save": lambda: f"{_group_queue(name)['timings_median']['save_s']:.3f} s",
+        "done2q.denoise": denoise_text,
+        "done2q.bound": bound_text,
         "done2q.dp": lambda: f"{rate(1):.3f} → {rate(2):.3f} img/s ({rate(2) / rate(1):.2f}×)",
     }
 

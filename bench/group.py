@@ -133,6 +133,12 @@ def main() -> None:
         help="odd calls with the pipeline's device looked up by diffusers on every ask, as before 2026-11-29, even "
         "calls with it pinned (the product's, worker/pipelines/pinned_device.py); both kinds recorded",
     )
+    ap.add_argument(
+        "--alternate-rounding",
+        action="store_true",
+        help="odd calls with a FLUX image's pixels rounded on the host as diffusers' PIL output does, as before "
+        "2026-11-30, even calls rounded on the device (the product's, worker/pipelines/generate.py); both recorded",
+    )
     args = ap.parse_args()
 
     import torch
@@ -142,7 +148,7 @@ def main() -> None:
     from worker.group.comm import init_world, local_rank
     from worker.group.config import GroupLayout
     from worker.group.engine import RankEngine
-    from worker.pipelines import pinned_device
+    from worker.pipelines import generate, pinned_device
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -250,6 +256,27 @@ def main() -> None:
         graphs = install(pipe.transformer if getattr(pipe, "transformer", None) is not None else pipe.unet)
     import numpy as np
 
+    # --alternate-*: (the even calls' name, the odd calls', what sets a call's kind given "odd")
+    alternation = None
+    if args.alternate_pinned:
+        alternation = (
+            "pinned",
+            "unpinned",
+            lambda odd: (pinned_device.unpin if odd else pinned_device.pin)(engine.loaded.pipe),
+        )
+    elif args.alternate_rounding:
+        from diffusers.image_processor import VaeImageProcessor
+
+        on_device = generate.rounded_pil
+
+        def on_host(image):  # what postprocess(output_type="pil") does after denormalizing
+            return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy(image))
+
+        alternation = (
+            "device_rounding",
+            "host_rounding",
+            lambda odd: setattr(generate, "rounded_pil", on_host if odd else on_device),
+        )
     for batch in [int(b) for b in args.batches.split(",")]:
         work = {
             "params": {"model": args.model, "width": args.size, "height": args.size, "steps": args.steps,
@@ -260,14 +287,15 @@ def main() -> None:
             "max_batch": batch,
         }  # fmt: skip
         times: list[float] = []
-        unpinned: list[float] = []  # --alternate-pinned's odd calls
-        outside: dict[str, list[float]] = {"pinned": [], "unpinned": []}  # a call's time beyond its phases
+        odd_times: list[float] = []  # an --alternate-* flag's odd calls
+        outside: dict[bool, list[float]] = {False: [], True: []}  # a call's time beyond its phases, by oddness
+        decodes: dict[bool, list[float]] = {False: [], True: []}  # its decode phase
         first_call_s = 0.0
         answer = None
         for run in range(args.runs + 1):  # the first call warms up kernels and is not counted
-            looked_up = args.alternate_pinned and run % 2 == 1
-            if args.alternate_pinned:
-                (pinned_device.unpin if looked_up else pinned_device.pin)(engine.loaded.pipe)
+            odd = alternation is not None and run % 2 == 1
+            if alternation is not None:
+                alternation[2](odd)
             dist.barrier()
             sync()
             t0 = time.perf_counter()
@@ -276,8 +304,9 @@ def main() -> None:
             dist.barrier()
             if run:
                 took = time.perf_counter() - t0
-                (unpinned if looked_up else times).append(took)
-                outside["unpinned" if looked_up else "pinned"].append(took - sum((answer.timings or {}).values()))
+                (odd_times if odd else times).append(took)
+                outside[odd].append(took - sum((answer.timings or {}).values()))
+                decodes[odd].append((answer.timings or {}).get("decode_s", 0.0))
             else:
                 first_call_s = time.perf_counter() - t0  # kernels, and the compile when one is on
             if answer.error:
@@ -314,13 +343,15 @@ def main() -> None:
             "split": split,
             "torch": torch.__version__,
         }
-        if args.alternate_pinned:
-            record["pinned"] = {"calls": record["calls"], "outside_phases_s": [round(t, 4) for t in outside["pinned"]]}
-            record["unpinned"] = {
-                "s_per_img": round(min(unpinned) / batch, 4),
-                "calls": [round(t, 4) for t in unpinned],
-                "outside_phases_s": [round(t, 4) for t in outside["unpinned"]],
-            }
+        if alternation is not None:
+            even_name, odd_name, _ = alternation
+            for name, odd, calls in ((even_name, False, times), (odd_name, True, odd_times)):
+                record[name] = {
+                    "s_per_img": round(min(calls) / batch, 4),
+                    "calls": [round(t, 4) for t in calls],
+                    "outside_phases_s": [round(t, 4) for t in outside[odd]],
+                    "decode_s": [round(t, 4) for t in decodes[odd]],
+                }
         # the images live on the rank that holds them; bring them to rank 0 (the first batch's all
         # of them are saved and compared: under CFG parallel each rank decodes half of them)
         box = [np.stack(holder_images) if holder_images else None]

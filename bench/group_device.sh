@@ -48,6 +48,7 @@
 #   bash bench/group_device.sh ringcalls  # one GPU: a ring rank's attention calls (two and a merge) against one call over all keys, heads-first and through views
 #   bash bench/group_device.sh queue1  # one GPU: a one-image SDXL job through the queue against its bare call, rank 0's main thread timed by part
 #   bash bench/group_device.sh pinned1  # one GPU: the pipeline's device pinned against looked up on every ask, alternated (SDXL b1, FLUX 1024²), and SDXL through the queue
+#   bash bench/group_device.sh rounding2  # 2 GPUs: FLUX 1024² and 2048², one GPU and the ring of 2, pixels rounded on the device against on the host, alternated
 #   bash bench/group_device.sh done2q  # 2 GPUs, one call: the SDXL CFG pair at batch 1 against one GPU with its levers, and through the queue
 #   bash bench/group_device.sh done2  # then done2b, done2c, done2d: 2 GPUs, back to back on one machine: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4; data parallel)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
@@ -696,6 +697,22 @@ queue1)  # issue 46, one GPU (a pair was not lent): where a one-image SDXL job's
       echo "queue ${v:-plain} rc=$? at ${SECONDS}s"; }
   done
   [ -f $OUT/timed.jsonl ] && sed 's/^/{"kind": "timed", /; s/^{"kind": "timed", {/{"kind": "timed", /' $OUT/timed.jsonl >> $R
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+rounding2)  # issue 46, 2 GPUs: a FLUX image's pixels rounded on the device (worker/pipelines/generate.py, since
+  # 2026-11-30) against on the host as diffusers' PIL output does, alternated call by call in one process
+  # (bench/group.py --alternate-rounding): one GPU with the ring's levers and the ring of 2, at 1024², then at 2048²
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
+  for v in "1024|8|300" "2048|2|330"; do
+    IFS='|' read -r size runs start <<< "$v"
+    [ $SECONDS -lt $start ] && { DIFFQ_SPEEDUPS=$L timeout 200 $TR --nproc-per-node 1 bench/group.py $F --size $size \
+      --runs $runs --alternate-rounding --save /tmp/flux$size.npy --out $R --label flux-$size-1gpu-rounding \
+      > $OUT/flux$size-1.log 2>&1; echo "$size 1 GPU rc=$? at ${SECONDS}s"
+      timeout 160 $TR --nproc-per-node 2 bench/group.py $F --size $size --ring-degree 2 --runs $runs --alternate-rounding \
+        --compare /tmp/flux$size.npy --out $R --label flux-$size-r2-rounding > $OUT/flux$size-r2.log 2>&1
+      echo "$size ring 2 rc=$? at ${SECONDS}s"; }
+  done
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 pinned1)  # issue 46, one GPU: the pipeline's execution device looked up once (worker/pipelines/pinned_device.py)

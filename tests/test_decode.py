@@ -10,7 +10,8 @@ import torch
 from diffusers import StableDiffusionXLPipeline
 from diffusers.image_processor import VaeImageProcessor
 
-from worker.pipelines.generate import decode, to_pil
+from common.jobspec import GenParams
+from worker.pipelines.generate import decode, run_batch, to_pil
 from worker.pipelines.models import ensure_tiny
 
 CALL = {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "num_inference_steps": 3, "guidance_scale": 5.0}
@@ -47,6 +48,42 @@ def test_to_pil_gives_diffusers_postprocess_byte_for_byte(dtype):
     expected = processor.postprocess(image, output_type="pil")
     ours = to_pil(processor, image)
     assert [im.mode for im in ours] == [im.mode for im in expected] == ["RGB"] * 3
+    for got, want in zip(ours, expected, strict=True):
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_flux_batch_rounds_its_pixels_where_they_are_to_diffusers_bytes(monkeypatch):
+    """FLUX decodes inside its own pipeline call. Asked for PIL images, diffusers copies the batch
+    to the host as float32 and rounds it there, on every rank of a group (each holds the whole
+    image). The batch asks for the device's pixels and rounds them as :func:`to_pil` does: no
+    float copy reaches the host, and the bytes are diffusers' own."""
+    from test_speedups import TINY_FLUX
+
+    from worker.pipelines.models import build_flux
+
+    pipe = build_flux(**TINY_FLUX, t5_vocab=None, clip_vocab=None)
+    pipe.set_progress_bar_config(disable=True)
+    params = GenParams(model="tiny-flux", width=32, height=32, steps=2, guidance=3.5)
+    prompts, seeds = ["a red fox in snow", "a lighthouse at dusk"], [7, 8]
+    host_floats: list[torch.dtype] = []
+    to_numpy = VaeImageProcessor.pt_to_numpy
+    monkeypatch.setattr(
+        VaeImageProcessor, "pt_to_numpy", staticmethod(lambda x: host_floats.append(x.dtype) or to_numpy(x))
+    )
+    ours = run_batch(pipe, params, prompts, ["", ""], seeds).images
+    assert host_floats == [], "the batch's pixels went to the host as floats"
+    expected = pipe(
+        prompt=prompts,
+        width=32,
+        height=32,
+        num_inference_steps=2,
+        guidance_scale=3.5,
+        max_sequence_length=512,
+        generator=[torch.Generator("cpu").manual_seed(s) for s in seeds],
+        output_type="pil",
+    ).images
+    assert host_floats  # the check above watches the path diffusers' PIL output takes
+    assert [im.mode for im in ours] == ["RGB"] * 2
     for got, want in zip(ours, expected, strict=True):
         assert np.array_equal(np.asarray(got), np.asarray(want))
 
