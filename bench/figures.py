@@ -628,6 +628,9 @@ def _done2() -> dict[str, Callable[[], str]]:
         "done2.b4.diff": lambda: diff(b4, "sdxl-cfg2-b4"),
         "done2.flux.1024": lambda: ratio(flux, "flux-1024-1gpu", "flux-1024-r2"),
         "done2.flux.1024.diff": lambda: diff(flux, "flux-1024-r2"),
+        "done2.flux.1024.exact": lambda: (
+            f"{run(flux, 'flux-1024-1gpu')['s_per_img'] / run(flux, 'flux-1024-r2')['s_per_img']:.3f}×"
+        ),
         "done2.flux.1024.decode": lambda: (
             " → ".join(f"{run(flux, label)['phases']['decode_s']:.3f}" for label in ("flux-1024-1gpu", "flux-1024-r2"))
             + " s"
@@ -684,6 +687,46 @@ def _done2q() -> dict[str, Callable[[], str]]:
         "done2q.denoise": denoise_text,
         "done2q.bound": bound_text,
         "done2q.dp": lambda: f"{rate(1):.3f} → {rate(2):.3f} img/s ({rate(2) / rate(1):.2f}×)",
+    }
+
+
+def _rounding2() -> dict[str, Callable[[], str]]:
+    """A FLUX image's pixels rounded on the device against on the host as diffusers' PIL output
+    did, alternated call by call in one process (``rounding2``, 2 H200s, 2026-11-29): one GPU
+    with the ring's levers and the ring of 2, at 1024² (4 calls each) and 2048² (1 each)."""
+    name = "h200x2-rounding2-call.jsonl"
+
+    def kinds(label: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        line = _one(name, label=label)
+        return line["host_rounding"], line["device_rounding"]
+
+    def image(label: str) -> str:  # medians: the calls alternated, so the spread is each kind's
+        host, device = kinds(label)
+        med = statistics.median
+        return (
+            f"{med(host['calls']):.3f} → {med(device['calls']):.3f} s "
+            f"(decode {med(host['decode_s']) * 1e3:.0f} → {med(device['decode_s']) * 1e3:.0f} ms)"
+        )
+
+    def decode(label: str) -> str:
+        host, device = kinds(label)
+        return f"{host['decode_s'][0] * 1e3:.0f} → {device['decode_s'][0] * 1e3:.0f} ms"
+
+    def ratio(kind: str) -> str:  # one GPU's best call against the ring's, each kind alone
+        one, ring = (_one(name, label=f"flux-1024-{x}-rounding")[kind] for x in ("1gpu", "r2"))
+        return f"{one['s_per_img']:.3f} → {ring['s_per_img']:.3f} s ({one['s_per_img'] / ring['s_per_img']:.3f}×)"
+
+    return {
+        "rounding.1024.1gpu": lambda: image("flux-1024-1gpu-rounding"),
+        "rounding.1024.ring": lambda: image("flux-1024-r2-rounding"),
+        "rounding.1024.ratio.host": lambda: ratio("host_rounding"),
+        "rounding.1024.ratio.device": lambda: ratio("device_rounding"),
+        "rounding.1024.diff": lambda: f"{_one(name, label='flux-1024-r2-rounding')['max_pixel_diff_255']}/255",
+        "rounding.2048.1gpu.decode": lambda: decode("flux-2048-1gpu-rounding"),
+        "rounding.2048.ring.decode": lambda: decode("flux-2048-r2-rounding"),
+        "rounding.2048.calls": lambda: " / ".join(
+            f"{kinds(f'flux-2048-{x}-rounding')[i]['calls'][0]:.3f}" for x in ("1gpu", "r2") for i in (0, 1)
+        ),
     }
 
 
@@ -1170,6 +1213,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_done2(),
     **_pinned(),
     **_done2q(),
+    **_rounding2(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

@@ -137,7 +137,7 @@ def main() -> None:
         "--alternate-rounding",
         action="store_true",
         help="odd calls with a FLUX image's pixels rounded on the host as diffusers' PIL output does, as before "
-        "2026-11-30, even calls rounded on the device (the product's, worker/pipelines/generate.py); both recorded",
+        "2026-11-29, even calls rounded on the device (the product's, worker/pipelines/generate.py); both recorded",
     )
     args = ap.parse_args()
 

@@ -700,7 +700,7 @@ queue1)  # issue 46, one GPU (a pair was not lent): where a one-image SDXL job's
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 rounding2)  # issue 46, 2 GPUs: a FLUX image's pixels rounded on the device (worker/pipelines/generate.py, since
-  # 2026-11-30) against on the host as diffusers' PIL output does, alternated call by call in one process
+  # 2026-11-29) against on the host as diffusers' PIL output does, alternated call by call in one process
   # (bench/group.py --alternate-rounding): one GPU with the ring's levers and the ring of 2, at 1024², then at 2048²
   export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
   L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
