@@ -730,6 +730,47 @@ def _rounding2() -> dict[str, Callable[[], str]]:
     }
 
 
+def _fusering() -> dict[str, Callable[[], str]]:
+    """``fuse-qkv`` on the FLUX ring of 2, 2 H200s, 2026-11-29: ``fluxfusering`` (one GPU, the ring
+    without, with, without again; the second with it died at load), ``fusering2`` (one GPU
+    without and with it, the ring with it cold and warm twice, without it between) and
+    ``fusestarts`` (the ring with it launched 8 times, one image each)."""
+    first, second = "h200x2-fluxfusering-call.jsonl", "h200x2-fusering2-call.jsonl"
+    starts = "h200x2-fusestarts-call.jsonl"
+
+    def s_(name: str, label: str) -> float:
+        return _one(name, label=label)["s_per_img"]
+
+    def ratio(one: float, ring: float) -> str:
+        return f"{one:.3f} → {ring:.3f} s ({one / ring:.2f}×)"
+
+    def fused2() -> float:  # the best of the call's three processes with the lever
+        return min(s_(second, f"flux-r2-fuseqkv{x}") for x in ("", "-warm", "-warm2"))
+
+    def launches() -> str:
+        lines = [x for x in _lines(starts) if x["label"].startswith("flux-r2-fuseqkv-start")]
+        times = sorted(x["s_per_img"] for x in lines)
+        return f"{len(lines)} of 8 launches made their image ({times[0]:.3f}-{times[-1]:.3f} s)"
+
+    return {
+        "fusering.1gpu": lambda: f"{s_(second, 'flux-1gpu-compiled'):.3f} → {s_(second, 'flux-1gpu-fuseqkv'):.3f} s",
+        "fusering.ring": lambda: f"{s_(second, 'flux-r2-separate'):.3f} → {fused2():.3f} s",
+        "fusering.ring.first": lambda: (
+            f"{min(s_(first, 'flux-r2-separate'), s_(first, 'flux-r2-separate-again')):.3f} → "
+            f"{s_(first, 'flux-r2-fuseqkv'):.3f} s"
+        ),
+        "fusering.ratio": lambda: ratio(s_(second, "flux-1gpu-compiled"), fused2()),
+        "fusering.ratio.without": lambda: ratio(s_(second, "flux-1gpu-compiled"), s_(second, "flux-r2-separate")),
+        "fusering.ratio.first": lambda: ratio(s_(first, "flux-1gpu-compiled"), s_(first, "flux-r2-fuseqkv")),
+        "fusering.peak": lambda: (
+            f"{_one(second, label='flux-r2-separate')['peak_gib']:.2f} → "
+            f"{_one(second, label='flux-r2-fuseqkv')['peak_gib']:.2f} GiB"
+        ),
+        "fusering.diff": lambda: f"{_one(second, label='flux-r2-fuseqkv')['max_pixel_diff_255']}/255",
+        "fusering.starts": launches,
+    }
+
+
 def _pinned() -> dict[str, Callable[[], str]]:
     """The pipeline's execution device pinned (worker/pipelines/pinned_device.py), one H200
     (2026-11-29). ``queue1``, before it: a one-rank SDXL group at batch 1 through the queue, rank
@@ -1214,6 +1255,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     **_pinned(),
     **_done2q(),
     **_rounding2(),
+    **_fusering(),
     **{
         f"exitq.{short}.{name}": (lambda m=model, f=field: _exitq(m, f))
         for short, model in (("flux", "flux-random"), ("sdxl", "sdxl-random"))

@@ -53,6 +53,8 @@
 #   bash bench/group_device.sh done2  # then done2b, done2c, done2d: 2 GPUs, back to back on one machine: the issue's "done means" (SDXL b1; FLUX 1024²/2048²; SDXL b4; data parallel)
 #   bash bench/group_device.sh cfgsplit  # 2 GPUs: the SDXL CFG pair at batch 1, its image decoded split by rows against whole, alternated, against 1 GPU; queued
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
+#   bash bench/group_device.sh fusering2  # 2 GPUs: one GPU without and with fuse-qkv, the ring with it on a cold cache and warm (twice), without it between
+#   bash bench/group_device.sh fusestarts  # 2 GPUs: the ring with fuse-qkv launched 8 times (does a rank die at load?)
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -758,6 +760,33 @@ fluxfusering)  # issue 46, 2 GPUs (not run yet: one GPU was lent when fuse-qkv c
     IFS='|' read -r label levers <<< "$v"
     [ $SECONDS -lt 430 ] && { DIFFQ_SPEEDUPS=$levers timeout 130 $TR --nproc-per-node 2 bench/group.py $F --runs 3 \
       --ring-degree 2 --compare /tmp/flux1.npy --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fusering2)  # issue 46, 2 GPUs, after fluxfusering (2 H200s: the ring 2.181 → 2.143 s with fuse-qkv, and the second
+  # process with it on a warm compile cache died of SIGSEGV on rank 0 before its first line): one GPU without and
+  # with fuse-qkv; the ring with it three times (a cold cache, then warm), without it between; Python's stacks on
+  # a fatal signal
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor PYTHONFAULTHANDLER=1
+  L=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs
+  DIFFQ_SPEEDUPS=$L timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --save /tmp/flux1.npy --out $R \
+    --label flux-1gpu-compiled > $OUT/flux1c.log 2>&1; echo "1 GPU rc=$? at ${SECONDS}s"
+  DIFFQ_SPEEDUPS=$L,fuse-qkv timeout 150 $TR --nproc-per-node 1 bench/group.py $F --runs 3 --compare /tmp/flux1.npy \
+    --out $R --label flux-1gpu-fuseqkv > $OUT/flux1f.log 2>&1; echo "1 GPU fuse-qkv rc=$? at ${SECONDS}s"
+  for v in "flux-r2-fuseqkv|auto,fuse-qkv" "flux-r2-fuseqkv-warm|auto,fuse-qkv" "flux-r2-separate|auto" \
+      "flux-r2-fuseqkv-warm2|auto,fuse-qkv"; do
+    IFS='|' read -r label levers <<< "$v"
+    [ $SECONDS -lt 450 ] && { DIFFQ_SPEEDUPS=$levers timeout 120 $TR --nproc-per-node 2 bench/group.py $F --runs 3 \
+      --ring-degree 2 --compare /tmp/flux1.npy --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
+  done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fusestarts)  # issue 46, 2 GPUs: the ring of 2 with fuse-qkv launched again and again (a cold compile cache, then
+  # warm), Python's stacks on a fatal signal: does a rank die at load as one did in fluxfusering?
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor PYTHONFAULTHANDLER=1
+  for i in 1 2 3 4 5 6 7 8; do
+    [ $SECONDS -lt 480 ] && { DIFFQ_SPEEDUPS=auto,fuse-qkv timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 1 \
+      --ring-degree 2 --out $R --label flux-r2-fuseqkv-start$i > $OUT/start$i.log 2>&1; echo "start $i rc=$? at ${SECONDS}s"; }
   done
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;

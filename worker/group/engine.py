@@ -61,6 +61,23 @@ GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-grap
 ALL_ROWS = 1 << 30
 
 
+def group_speedups(speedups: str, layout: GroupLayout, cuda: bool) -> str:
+    """The levers a group's ranks load with: ``auto`` on CUDA is :data:`GROUP_CUDA_DEFAULT`, and a
+    ring's takes ``fuse-qkv`` too (only a DiT splits into a ring). Why: a ring rank's q, k and v
+    at half an image's rows as three products leave SMs idle where one three times as wide does
+    not; FLUX 1024² on a ring of 2 took 2.191 → 2.152 s with it, where one GPU was no faster (2
+    H200s, docs/groups.md), for 4 GiB more a rank (the parts are kept for adapters). Under
+    ``--parallel-vae`` ``compile-vae`` is left out: xDiT decodes with its own copy of the decoder."""
+    named = speedup_names(speedups)
+    if "auto" in named and cuda:
+        ring = ["fuse-qkv"] if layout.ring_degree > 1 else []
+        speedups = ",".join([GROUP_CUDA_DEFAULT, *ring, *sorted(named - {"auto"})])
+    if layout.parallel_vae and "compile-vae" in speedup_names(speedups):
+        speedups = ",".join(sorted(speedup_names(speedups) - {"compile-vae"})) or "none"
+        log.info("speedups: compile-vae is left out: --parallel-vae decodes with xDiT's own decoder")
+    return speedups
+
+
 class RankEngine:
     def __init__(self, settings: Settings, layout: GroupLayout, rank: int, world: int) -> None:
         self.settings = settings
@@ -75,14 +92,8 @@ class RankEngine:
         # a group's own defaults, measured under its splits (docs/benchmarks.md): compile-blocks
         # takes FLUX under Ulysses 2 from 3.76 to 2.72 s (2 H200s); for SDXL under CFG parallel at
         # batch 1 the whole UNet took 1.460 s where compile-blocks took 1.854 s (2 H100s)
-        speedups = settings.speedups
-        named = speedup_names(speedups)
-        if "auto" in named and settings.device != "cpu" and torch.cuda.is_available():
-            speedups = ",".join([GROUP_CUDA_DEFAULT, *sorted(named - {"auto"})])
-        if layout.parallel_vae and "compile-vae" in speedup_names(speedups):
-            # xDiT's parallel VAE decodes with its own patched copy of the decoder's layers
-            speedups = ",".join(sorted(speedup_names(speedups) - {"compile-vae"})) or "none"
-            log.info("speedups: compile-vae is left out: --parallel-vae decodes with xDiT's own decoder")
+        cuda = settings.device != "cpu" and torch.cuda.is_available()
+        speedups = group_speedups(settings.speedups, layout, cuda)
         self.pipelines = WarmPipelines.from_settings(settings, speedups=speedups, offload="none", gpu_memory=0.0)
         self.loaded: LoadedPipeline | None = None
         self.cfg_group: Any = None
