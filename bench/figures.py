@@ -734,7 +734,8 @@ def _fusering() -> dict[str, Callable[[], str]]:
     """``fuse-qkv`` on the FLUX ring of 2, 2 H200s, 2026-11-29: ``fluxfusering`` (one GPU, the ring
     without, with, without again; the second with it died at load), ``fusering2`` (one GPU
     without and with it, the ring with it cold and warm twice, without it between) and
-    ``fusestarts`` (the ring with it launched 8 times, one image each)."""
+    ``fusestarts`` (the ring with it launched 8 times, one image each); ``fuse2048`` (2048², one GPU
+    against the ring with its defaults, one call each)."""
     first, second = "h200x2-fluxfusering-call.jsonl", "h200x2-fusering2-call.jsonl"
     starts = "h200x2-fusestarts-call.jsonl"
 
@@ -768,6 +769,11 @@ def _fusering() -> dict[str, Callable[[], str]]:
         ),
         "fusering.diff": lambda: f"{_one(second, label='flux-r2-fuseqkv')['max_pixel_diff_255']}/255",
         "fusering.starts": launches,
+        "fusering.2048": lambda: _ratio_text("h200x2-fuse2048-call.jsonl", "flux-2048-1gpu", "flux-2048-r2-defaults"),
+        "fusering.2048.peak": lambda: (
+            f"{_one('h200x2-fuse2048-call.jsonl', label='flux-2048-1gpu')['peak_gib']:.2f} → "
+            f"{_one('h200x2-fuse2048-call.jsonl', label='flux-2048-r2-defaults')['peak_gib']:.2f} GiB"
+        ),
     }
 
 

@@ -55,6 +55,7 @@
 #   bash bench/group_device.sh fluxfusering  # 2 GPUs: the FLUX ring of 2 without and with fuse-qkv, alternated, against one GPU
 #   bash bench/group_device.sh fusering2  # 2 GPUs: one GPU without and with fuse-qkv, the ring with it on a cold cache and warm (twice), without it between
 #   bash bench/group_device.sh fusestarts  # 2 GPUs: the ring with fuse-qkv launched 8 times (does a rank die at load?)
+#   bash bench/group_device.sh fuse2048  # 2 GPUs: FLUX 2048², one GPU against the ring of 2 with its defaults (fuse-qkv among them), time and peak memory
 #   bash bench/group_device.sh fluxmodq  # FLUX 1024²: 1 GPU and the ring of 2 with modulation-once profiled by kernel name; the ring through the queue
 #   bash bench/group_device.sh fluxworker  # FLUX 1024²: a single worker through the queue, auto as it was (SDXL's levers) and now (a DiT's)
 #   bash bench/group_device.sh fluxgraphs  # FLUX 1024²: 1 GPU, the product's Ulysses 2 without and with its CUDA graphs (the group's default), through the queue, a rank killed mid-job
@@ -788,6 +789,16 @@ fusestarts)  # issue 46, 2 GPUs: the ring of 2 with fuse-qkv launched again and 
     [ $SECONDS -lt 480 ] && { DIFFQ_SPEEDUPS=auto,fuse-qkv timeout 110 $TR --nproc-per-node 2 bench/group.py $F --runs 1 \
       --ring-degree 2 --out $R --label flux-r2-fuseqkv-start$i > $OUT/start$i.log 2>&1; echo "start $i rc=$? at ${SECONDS}s"; }
   done
+  tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
+  ;;
+fuse2048)  # issue 46, 2 GPUs: FLUX 2048², one GPU with the ring's levers against the ring of 2 with its defaults
+  # (fuse-qkv among them since fusering2): time and peak memory, one call each
+  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
+  DIFFQ_SPEEDUPS=vae-fp16,compile-blocks,compile-vae,modulation-once,encoder-graphs timeout 115 $TR --nproc-per-node 1 \
+    bench/group.py $F --size 2048 --runs 1 --save /tmp/flux2048.npy --out $R --label flux-2048-1gpu > $OUT/1gpu.log 2>&1
+  echo "1 GPU rc=$? at ${SECONDS}s"
+  timeout $((270 - SECONDS)) $TR --nproc-per-node 2 bench/group.py $F --size 2048 --ring-degree 2 --runs 1 \
+    --compare /tmp/flux2048.npy --out $R --label flux-2048-r2-defaults > $OUT/r2.log 2>&1; echo "ring 2 rc=$? at ${SECONDS}s"
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
 fluxmodq)  # issue 46: after modulation-once, where one GPU's and a ring rank's time goes (bench/rank_profile.py, each
