@@ -669,13 +669,16 @@ def _done2q() -> dict[str, Callable[[], str]]:
     def rate(gpus: int) -> float:
         return _one(dp, gpus=gpus)["steady_img_per_s"]
 
-    def denoise_text() -> str:  # the UNet's share alone, and the ratio were encode and decode free
-        one, pair = (_one(name, label=x) for x in ("sdxl-1gpu-pair-levers", "sdxl-cfg2"))
+    def one_and_pair() -> tuple[dict[str, Any], dict[str, Any]]:
+        return _one(name, label="sdxl-1gpu-pair-levers"), _one(name, label="sdxl-cfg2")
+
+    def denoise_text() -> str:  # the UNet's share alone
+        one, pair = one_and_pair()
         d1, d2 = one["phases"]["denoise_s"], pair["phases"]["denoise_s"]
         return f"{d1:.3f} → {d2:.3f} s ({d1 / d2:.2f}×"
 
-    def bound_text() -> str:
-        one, pair = (_one(name, label=x) for x in ("sdxl-1gpu-pair-levers", "sdxl-cfg2"))
+    def bound_text() -> str:  # the ratio were the pair's encode and decode free
+        one, pair = one_and_pair()
         return f"{one['s_per_img'] / pair['phases']['denoise_s']:.2f}×"
 
     return {
@@ -737,13 +740,16 @@ def _fusering() -> dict[str, Callable[[], str]]:
     ``fusestarts`` (the ring with it launched 8 times, one image each); ``fuse2048`` (2048², one GPU
     against the ring with its defaults, one call each)."""
     first, second = "h200x2-fluxfusering-call.jsonl", "h200x2-fusering2-call.jsonl"
-    starts = "h200x2-fusestarts-call.jsonl"
+    starts, big = "h200x2-fusestarts-call.jsonl", "h200x2-fuse2048-call.jsonl"
 
     def s_(name: str, label: str) -> float:
         return _one(name, label=label)["s_per_img"]
 
     def ratio(one: float, ring: float) -> str:
         return f"{one:.3f} → {ring:.3f} s ({one / ring:.2f}×)"
+
+    def peak(name: str, one: str, ring: str) -> str:
+        return f"{_one(name, label=one)['peak_gib']:.2f} → {_one(name, label=ring)['peak_gib']:.2f} GiB"
 
     def fused2() -> float:  # the best of the call's three processes with the lever
         return min(s_(second, f"flux-r2-fuseqkv{x}") for x in ("", "-warm", "-warm2"))
@@ -763,17 +769,11 @@ def _fusering() -> dict[str, Callable[[], str]]:
         "fusering.ratio": lambda: ratio(s_(second, "flux-1gpu-compiled"), fused2()),
         "fusering.ratio.without": lambda: ratio(s_(second, "flux-1gpu-compiled"), s_(second, "flux-r2-separate")),
         "fusering.ratio.first": lambda: ratio(s_(first, "flux-1gpu-compiled"), s_(first, "flux-r2-fuseqkv")),
-        "fusering.peak": lambda: (
-            f"{_one(second, label='flux-r2-separate')['peak_gib']:.2f} → "
-            f"{_one(second, label='flux-r2-fuseqkv')['peak_gib']:.2f} GiB"
-        ),
+        "fusering.peak": lambda: peak(second, "flux-r2-separate", "flux-r2-fuseqkv"),
         "fusering.diff": lambda: f"{_one(second, label='flux-r2-fuseqkv')['max_pixel_diff_255']}/255",
         "fusering.starts": launches,
-        "fusering.2048": lambda: _ratio_text("h200x2-fuse2048-call.jsonl", "flux-2048-1gpu", "flux-2048-r2-defaults"),
-        "fusering.2048.peak": lambda: (
-            f"{_one('h200x2-fuse2048-call.jsonl', label='flux-2048-1gpu')['peak_gib']:.2f} → "
-            f"{_one('h200x2-fuse2048-call.jsonl', label='flux-2048-r2-defaults')['peak_gib']:.2f} GiB"
-        ),
+        "fusering.2048": lambda: _ratio_text(big, "flux-2048-1gpu", "flux-2048-r2-defaults"),
+        "fusering.2048.peak": lambda: peak(big, "flux-2048-1gpu", "flux-2048-r2-defaults"),
     }
 
 
