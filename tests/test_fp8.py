@@ -1,9 +1,12 @@
 """``--precision fp8``: static-scale FP8 linears, calibrated once per model and host, following
 merged adapters, reported by the job and by status; off FP8 hardware, one line and fp16.
 
-Runs the real code on the CPU (torch's reference FP8 kernels) with the tiny model, whose layers
-are 32-512 wide: ``DIFFQ_FP8_MIN_FEATURES`` / ``DIFFQ_FP8_MIN_ROWS`` let its linears qualify.
-Speed is measured on an H100 (docs/benchmarks.md); nothing here asserts a time."""
+Runs diffq's code on the CPU with the tiny model, whose layers are 32-512 wide
+(``DIFFQ_FP8_MIN_FEATURES`` / ``DIFFQ_FP8_MIN_ROWS`` let its linears qualify). Off CUDA the GEMM
+is diffq's fp32 reference (:mod:`worker.pipelines.fp8_gemm`), never torch's CPU FP8 kernels,
+whose speed and overflow behaviour depend on the CPU model; ``bench/fp8_gemm.py`` checks the
+reference against ``torch._scaled_mm`` on a GPU. Speed is measured on the GPU
+(docs/benchmarks.md); nothing here asserts a time."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from common.errors import ConfigError
 from common.jobspec import GenParams
 from common.queues import get_queue
 from producer.status import _running
-from worker.pipelines import fp8
+from worker.pipelines import fp8, fp8_gemm
 from worker.pipelines.backend import Batch
 from worker.pipelines.speedups import Speedups
 from worker.pipelines.warm import WarmPipelines
@@ -92,13 +95,12 @@ def test_gemms_accumulate_fast_up_to_the_measured_reduction_length_and_in_fp32_b
     """Fast accumulation was measured on K up to SDXL's 5120; a longer K (FLUX's 12288) keeps the
     fp32 promotion, and the flag reaches the GEMM."""
     seen = []
-    scaled_mm = torch._scaled_mm
 
-    def recording(*args, **kwargs):
-        seen.append(kwargs.get("use_fast_accum", False))
-        return scaled_mm(*args, **kwargs)
+    def recording(a, b, scale_a, scale_b, bias, out_dtype, fast_accum):
+        seen.append(fast_accum)
+        return fp8_gemm.reference(a, b, scale_a, scale_b, bias, out_dtype)
 
-    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    monkeypatch.setitem(fp8_gemm.BACKENDS, "cpu", recording)
     for in_features, fast in [(64, True), (fp8.FAST_ACCUM_MAX_K, True), (fp8.FAST_ACCUM_MAX_K + 1, False)]:
         layer = fp8.StaticFP8Linear.replacing(torch.nn.Linear(in_features, 16), input_amax=1.0)
         assert layer.fast_accum is fast
@@ -127,6 +129,59 @@ def test_a_linear_writing_fp8_returns_its_output_in_the_models_dtype_saturated_n
     assert float((layer(x) - linear(x)).norm() / linear(x).norm()) < 0.1
     # per-row weight scales keep the model's dtype out of the GEMM
     assert not fp8.StaticFP8Linear.replacing(linear, 1.0, "row", 1.0).fp8_output
+
+
+def test_an_fp8_output_saturates_even_where_the_backend_writes_nan_past_448(monkeypatch):
+    """torch's CPU kernel turned 4,081 of 4,082 outputs past ±448 into NaN where cuBLASLt
+    saturates: whatever a backend does, an overshoot of the calibrated output scale ends at
+    the calibrated magnitude of its own sign, never NaN."""
+    written = []
+
+    def nan_past_448(a, b, scale_a, scale_b, bias, out_dtype, fast_accum):
+        out = (a.float() @ b.float()) * scale_a * scale_b + (0 if bias is None else bias.float())
+        bits = out.clamp(-448, 448).to(out_dtype).view(torch.uint8)
+        nan = torch.where(out < 0, 0xFF, 0x7F).to(torch.uint8)  # E4M3's NaN, with the sign bit
+        written.append(torch.where(out.abs() > 448, nan, bits).view(out_dtype))
+        return written[-1]
+
+    monkeypatch.setitem(fp8_gemm.BACKENDS, "cpu", nan_past_448)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96).requires_grad_(False)
+    x = torch.randn(300, 64)
+    want = linear(x)
+    amax = float(want.abs().amax())
+    layer = fp8.StaticFP8Linear.replacing(linear, float(x.abs().amax()), "tensor", amax)
+    over = layer(4 * x)
+    nan = torch.isnan(written[-1].float()).reshape(over.shape)
+    assert nan.sum() > 100  # the stand-in did write NaN
+    assert torch.isfinite(over).all() and float(over.abs().max()) <= amax * 1.001
+    negative = (written[-1].view(torch.uint8) >= 0x80).reshape(over.shape)
+    saturated = torch.where(negative, -amax, amax)  # each overshoot at the calibrated magnitude, its own sign
+    assert torch.allclose(over[nan], saturated[nan], rtol=1e-3)
+
+
+def test_saturate_makes_each_nan_byte_448_of_its_sign_and_leaves_every_other_byte():
+    every = torch.arange(256, dtype=torch.uint8).view(fp8_gemm.E4M3)
+    out = fp8_gemm.saturate(every).view(torch.uint8)
+    nan = {0x7F, 0xFF}
+    assert [int(b) for b in out] == [b - 1 if b in nan else b for b in range(256)]
+    assert fp8_gemm.saturate(every).float()[[0x7F, 0xFF]].tolist() == [448.0, -448.0]
+
+
+def test_the_reference_gemm_is_the_fp32_product_of_the_fp8_values_scaled():
+    """What cuBLASLt computes (exact products, fp32 sums, scales and bias in fp32, one cast): the
+    GPU bench (bench/fp8_gemm.py) checks ``torch._scaled_mm`` against this function."""
+    torch.manual_seed(0)
+    a = (torch.randn(32, 48) * 100).clamp(-448, 448).to(fp8_gemm.E4M3)
+    b = (torch.randn(48, 16) * 100).clamp(-448, 448).to(fp8_gemm.E4M3)
+    sa, sb, bias = torch.tensor(0.02), torch.tensor(0.5), torch.randn(16)
+    want = (a.double() @ b.double()) * 0.02 * 0.5 + bias.double()
+    got = fp8_gemm.reference(a, b, sa, sb, bias, torch.float32)
+    assert got.dtype == torch.float32 and torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4)
+    rows = fp8_gemm.reference(a, b, torch.full((32, 1), 0.02), torch.full((1, 16), 0.5), None, torch.bfloat16)
+    assert rows.dtype == torch.bfloat16 and torch.allclose(rows.double(), want - bias.double(), rtol=1e-2)
+    fp8_out = fp8_gemm.reference(a, b, sa * 1e3, sb, None, fp8_gemm.E4M3)  # far past 448: saturated
+    assert fp8_out.float().abs().max() == 448 and torch.isfinite(fp8_out.float()).all()
 
 
 def test_zero_activations_give_zeros_not_nan():
@@ -283,6 +338,44 @@ def test_a_worker_run_with_precision_fp8_says_so_in_each_job_result(env, tmp_pat
     assert {job.meta.get("precision") for job in jobs} == {"fp8"}  # what status shows beside a running job
     assert _running(jobs[0].id, jobs[0]).text().endswith(", fp8")
     assert len(list(out.rglob("*.png"))) == 2
+
+
+def test_a_batch_whose_fp8_pixels_are_not_finite_runs_again_without_fp8_and_says_so_once(
+    small_layers, fp8_cache, monkeypatch, caplog
+):
+    """A GEMM that writes NaN (a backend that does not saturate, an activation far past its
+    scale) must never become a black image: the batch runs again with the kept fp32 weights,
+    its images are the model's own, the job reports that precision, and the log says it once."""
+    want = images(WarmPipelines(str(fp8_cache), device="cpu"))
+    cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
+    images(cache)  # calibrated and quantized with the reference GEMM
+
+    def nan(a, b, scale_a, scale_b, bias, out_dtype, fast_accum):
+        return torch.full((a.shape[0], b.shape[1]), np.nan).to(out_dtype)
+
+    monkeypatch.setitem(fp8_gemm.BACKENDS, "cpu", nan)
+    with caplog.at_level("WARNING", logger="diffq.worker"):
+        again = [images(cache) for _ in range(2)]
+    for got in again:
+        for a, b in zip(want, got, strict=True):
+            assert np.array_equal(a, b)  # the model's own images, not FP8's
+    said = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    assert len(said) == 1 and "ran again without FP8" in said[0]
+    loaded = cache.get("tiny")[0]
+    assert loaded.fp8_fallbacks == 2 and all(not layer.bypass for layer in fp8.layers(loaded.pipe))
+    batch = Batch(params=PARAMS, prompts=["a red fox"], negatives=[""], seeds=[7], max_batch=1)
+    assert cache.generate(loaded, batch)[0].precision == "fp32"
+
+
+def test_a_batch_with_non_finite_pixels_and_no_fp8_to_drop_writes_nothing_and_fails_the_job(cache_dir, monkeypatch):
+    from worker.pipelines.generate import NonFinitePixels
+
+    cache = WarmPipelines(str(cache_dir), device="cpu")
+    loaded, _ = cache.get("tiny")
+    monkeypatch.setattr(loaded.pipe.vae, "decode", lambda *a, **k: (torch.full((1, 3, 64, 64), np.nan),))
+    batch = Batch(params=PARAMS, prompts=["a red fox"], negatives=[""], seeds=[7], max_batch=1)
+    with pytest.raises(NonFinitePixels, match=r"non-finite pixels .* nothing of it was written"):
+        cache.generate(loaded, batch)
 
 
 def test_the_precision_a_job_reports_is_the_weights_own(cache_dir):

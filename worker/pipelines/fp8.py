@@ -46,6 +46,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,9 @@ import torch
 
 from common.settings import fp8_activations, fp8_convs, fp8_layer_limits
 from worker.pipelines import fp8_conv
+from worker.pipelines.fp8_gemm import E4M3, E4M3_MAX, scaled_mm
 
 log = logging.getLogger("diffq.worker")
-
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 #: FP8 GEMMs on NVIDIA GPUs need Ada (sm_89) or Hopper (sm_90) tensor cores
 FP8_CAPABILITY = (8, 9)
 #: a linear narrower than this stays in the model's dtype: its GEMM is too small to gain
@@ -121,7 +120,8 @@ _TANH_GELU_SCALE = 1.5957691216057308
 
 class StaticFP8Linear(torch.nn.Linear):
     """A linear layer computing in FP8: the input scaled by a calibrated constant and cast, the
-    weight cast once (per tensor, or per output row), one ``torch._scaled_mm``.
+    weight cast once (per tensor, or per output row), one FP8 GEMM (:func:`fp8_gemm.scaled_mm`:
+    ``torch._scaled_mm`` on CUDA, its fp32 reference elsewhere).
 
     The layer keeps its original ``weight`` and ``bias`` (adapters merge into the weight);
     ``weight_fp8`` and ``weight_scale`` are buffers updated in place by :meth:`quantize_weight`,
@@ -134,6 +134,8 @@ class StaticFP8Linear(torch.nn.Linear):
     #: cuBLAS's fast FP8 accumulation (``use_fast_accum``), set by :meth:`replacing` from the
     #: layer's reduction length (:data:`FAST_ACCUM_MAX_K`)
     fast_accum: bool = False
+    #: compute with the kept weight in the model's dtype instead (:func:`bypassed`)
+    bypass: bool = False
 
     @classmethod
     def replacing(
@@ -178,42 +180,44 @@ class StaticFP8Linear(torch.nn.Linear):
             self.gemm_bias.copy_(self.bias.float() / self.output_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bypass:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         quantized = (rows * self.input_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
         if self.granularity == "row":
             # row-wise scaling wants one scale per row of each operand, and bf16 out
-            out = torch._scaled_mm(
+            out = scaled_mm(
                 quantized,
                 self.weight_fp8.t(),
                 scale_a=self.input_scale.expand(rows.shape[0], 1).contiguous(),
                 scale_b=self.weight_scale,
                 out_dtype=torch.bfloat16,
-                use_fast_accum=self.fast_accum,
+                fast_accum=self.fast_accum,
             )
             if self.bias is not None:
                 out = out + self.bias
             out = out.to(x.dtype)
         elif self.fp8_output:
-            out = torch._scaled_mm(
+            out = scaled_mm(  # saturated at ±448 whatever the backend writes past it
                 quantized,
                 self.weight_fp8.t(),
                 scale_a=self.gemm_scale,
                 scale_b=self.weight_scale.reshape(()),
                 bias=self.gemm_bias if self.bias is not None else None,
                 out_dtype=E4M3,
-                use_fast_accum=self.fast_accum,
+                fast_accum=self.fast_accum,
             )
             out = (out.float() * self.output_scale).to(x.dtype)
         else:
-            out = torch._scaled_mm(
+            out = scaled_mm(
                 quantized,
                 self.weight_fp8.t(),
                 scale_a=self.input_scale,
                 scale_b=self.weight_scale.reshape(()),
                 bias=self.bias,
                 out_dtype=x.dtype,
-                use_fast_accum=self.fast_accum,
+                fast_accum=self.fast_accum,
             )
         return out.reshape(*shape[:-1], self.out_features)
 
@@ -229,6 +233,9 @@ class StaticFP8Conv2d(torch.nn.Conv2d):
     Like :class:`StaticFP8Linear` it keeps its fp16 ``weight`` for adapters to merge into, and
     ``weight_fp8`` and ``scale`` (the input's scale times the weight's) are buffers updated in
     place by :meth:`quantize_weight`."""
+
+    #: compute with the kept weight in the model's dtype instead (:func:`bypassed`)
+    bypass: bool = False
 
     @classmethod
     def replacing(cls, conv: torch.nn.Conv2d, input_amax: float) -> StaticFP8Conv2d:
@@ -259,6 +266,8 @@ class StaticFP8Conv2d(torch.nn.Conv2d):
         self.scale.copy_((weight_scale * self.input_scale).reshape(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bypass:
+            return self._conv_forward(x, self.weight, self.bias)
         # The kernel reads channels-last. Asked for here, in the graph, the compiler writes the
         # FP8 input that way from the kernel that computes it; inside the op it was a separate
         # transposing copy (17 ms of a 205 ms UNet call on an H100, docs/benchmarks.md). The
@@ -418,6 +427,26 @@ def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor") -
 
 def layers(pipe: Any) -> Iterator[StaticFP8Linear | StaticFP8Conv2d]:
     yield from (m for m in denoiser(pipe).modules() if isinstance(m, (StaticFP8Linear, StaticFP8Conv2d)))
+
+
+@contextmanager
+def bypassed(pipe: Any) -> Iterator[None]:
+    """Inside, every FP8 layer of ``pipe`` computes in the model's dtype with its kept weight:
+    a batch whose FP8 images came out with non-finite pixels runs again this way (eagerly: the
+    caller turns compiled graphs off, which read the flag once, when they were traced)."""
+    found = list(layers(pipe))
+    fast = [m for m in denoiser(pipe).modules() if m.__dict__.get("gelu") is tanh_gelu]
+    for layer in found:
+        layer.bypass = True
+    for module in fast:  # the model's own GELU, as without FP8
+        del module.gelu
+    try:
+        yield
+    finally:
+        for layer in found:
+            del layer.bypass  # the class's False again
+        for module in fast:
+            module.gelu = tanh_gelu
 
 
 def refresh(pipe: Any, changed: Iterable[torch.nn.Module] | None = None) -> int:

@@ -17,11 +17,17 @@ from typing import Any
 import torch
 from PIL import Image
 
-from common.errors import OutOfMemory
+from common.errors import OutOfMemory, PermanentJobError
 from common.jobspec import GenParams
 from worker.pipelines import empty_negative
 
 log = logging.getLogger("diffq.worker")
+
+
+class NonFinitePixels(PermanentJobError):
+    """A batch decoded to pixels holding NaN or infinity: written, they would be black or noise
+    images. Nothing of the batch is written; an FP8 worker runs it again without FP8
+    (``WarmPipelines.generate``), any other fails the job (its seeds would give the same again)."""
 
 
 @dataclass
@@ -292,8 +298,15 @@ def to_pil(processor: Any, image: torch.Tensor) -> list[Image.Image]:
 def rounded_pil(image: torch.Tensor) -> list[Image.Image]:
     """A batch of ``[0, 1]`` pixels (``[B, C, H, W]``, on any device) as PIL images, rounded to
     0..255 on that device in float32 as diffusers' ``numpy_to_pil`` rounds on the host: the same
-    bytes, a quarter of the bytes copied and no numpy pass over floats."""
-    pixels = (image.float() * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    bytes, a quarter of the bytes copied and no numpy pass over floats. A batch with a pixel that
+    is not finite raises :class:`NonFinitePixels` (a cast to bytes would hide it as black)."""
+    image = image.float()
+    if not bool(torch.isfinite(image).all()):
+        raise NonFinitePixels(
+            f"the model made non-finite pixels (NaN) in a batch of {image.shape[0]} image(s); nothing of it was "
+            "written. Its weights overflow in this dtype: try --dtype float32 or another checkpoint"
+        )
+    pixels = (image * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     if pixels.shape[-1] == 1:
         return [Image.fromarray(p.squeeze(-1), mode="L") for p in pixels]
     return [Image.fromarray(p) for p in pixels]

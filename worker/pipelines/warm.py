@@ -30,7 +30,7 @@ from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
 from worker.pipelines.compile_cache import share_compile_cache
-from worker.pipelines.generate import BatchResult, is_oom, run_batch, run_split
+from worker.pipelines.generate import BatchResult, NonFinitePixels, is_oom, run_batch, run_split
 from worker.pipelines.loading import download_progress
 from worker.pipelines.memory import Budget, GiB, Profiles, largest_batch, measure_peak, profile_key
 from worker.pipelines.offload import NOT_WITH_OFFLOAD, place, weights_bytes, weights_in_place
@@ -78,6 +78,8 @@ class LoadedPipeline:
     batches: dict[tuple[int, int, bool, int], int] = field(default_factory=dict)
     #: (width, height, CFG) -> the batch sizes compiled for it (graphs are static)
     warm: dict[tuple[int, int, bool], set[int]] = field(default_factory=dict)
+    #: batches whose FP8 pixels came out non-finite and ran again without FP8
+    fp8_fallbacks: int = 0
 
 
 class WarmPipelines:
@@ -383,6 +385,7 @@ class WarmPipelines:
         )  # fmt: skip
         before = graphs_compiled()
         pad_to = None
+        speedups = loaded.speedups  # what the batch ran with (an FP8 batch run again without FP8 did not)
         max_batch = self.batch_for(loaded, params, max_batch, on_progress)
         if self.budget is not None:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -407,13 +410,41 @@ class WarmPipelines:
             if on_progress is not None:
                 on_progress(None)
             result, fitted = run_split(loaded.pipe, params, prompts, negatives, seeds, max_batch, on_step=on_step)
+        except NonFinitePixels:
+            if "fp8" not in loaded.speedups:
+                raise
+            result, fitted = self._without_fp8(loaded, batch, max_batch, on_step)
+            speedups = Speedups(loaded.speedups.levers - {"fp8"})
         result.compiles = graphs_compiled() - before
         result.batch, result.offload = min(fitted, len(prompts)), loaded.offload
         # the weights' own dtype: a preset may load in another (flux-random is bf16 on a GPU)
-        result.precision = precision_of(loaded.speedups, getattr(loaded.pipe, "dtype", None) or self.dtype)
+        result.precision = precision_of(speedups, getattr(loaded.pipe, "dtype", None) or self.dtype)
         if self.budget is not None:
             result.peak_bytes = torch.cuda.max_memory_allocated(self.device)
         return result, fitted
+
+    def _without_fp8(
+        self,
+        loaded: LoadedPipeline,
+        batch: Batch,
+        max_batch: int,
+        on_step: Callable[[int, int], None] | None,
+    ) -> tuple[BatchResult, int]:
+        """The batch again with every FP8 layer computing in the model's dtype (eagerly: the
+        compiled and captured graphs are FP8's), after its FP8 pixels came out non-finite."""
+        if not loaded.fp8_fallbacks:
+            log.warning(
+                "fp8: a batch of %s came out with non-finite pixels (an activation past its calibrated scale); it "
+                "ran again without FP8 and nothing non-finite was written. Said once: job results count them "
+                "(precision %s)",
+                loaded.model,
+                precision_of(Speedups(frozenset()), getattr(loaded.pipe, "dtype", None) or self.dtype),
+            )
+        loaded.fp8_fallbacks += 1
+        with fp8.bypassed(loaded.pipe), step_graphs.paused(loaded.pipe), torch.compiler.set_stance("force_eager"):
+            return run_split(
+                loaded.pipe, batch.params, batch.prompts, batch.negatives, batch.seeds, max_batch, on_step=on_step
+            )
 
     def _warm_up(
         self,
