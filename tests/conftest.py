@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from lifeline import install_session_handlers, kept_signals, tie_children
 from PIL import Image
 from rq.job import Job
 from rq.registry import StartedJobRegistry
@@ -141,6 +142,19 @@ def producer(*args: str) -> Result:
 TINY_FLAGS = ("--model", "tiny", "--width", "64", "--height", "64", "--steps", "3")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The session stops on SIGTERM and SIGHUP as on Ctrl-C, and what it starts dies with it
+    (tests/lifeline.py)."""
+    install_session_handlers()
+    tie_children()
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_stay_pytests() -> Iterator[None]:
+    """An in-process worker under test never takes pytest's Ctrl-C, nor leaves its handlers behind."""
+    yield from kept_signals()
+
+
 _running_test: list[pytest.Item] = []
 
 
@@ -194,7 +208,7 @@ def run_ranks(
     """``script args`` as ``ranks`` processes under torchrun (one machine, one thread each), output captured."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     return subprocess.run(
-        [*command, str(script), *args],
+        [*command, str(ROOT / "tests" / "tied.py"), str(script), *args],
         env={**os.environ, "OMP_NUM_THREADS": "1"} if env is None else env,
         cwd=ROOT,
         capture_output=True,

@@ -17,6 +17,9 @@ if __name__ == "__main__":
     import os
 
     from faults import install_group_faults
+    from lifeline import die_with_parent
+
+    die_with_parent()  # torchrun's agent gone (the test session SIGKILLed): this rank goes too
 
     atexit.register(lambda: print(f"{FINALIZED} {os.environ.get('RANK')}", file=sys.stderr, flush=True))
     install_group_faults()
