@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
+.PHONY: install demo test test-long test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -34,12 +34,17 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	@bash examples/demo.sh
 
-# the suite CI runs: everything but the long variants (docs/testing.md); `make test-all` adds them
+# Each tier has a time budget on 2 cores (docs/testing.md); --durations shows a slow test the day it lands.
+# make test: everything but the long variants, under 10 minutes; CI runs it, then test-long
 test: install
-	$(BIN)/pytest -q -m "not long"
+	$(BIN)/pytest -q -m "not long" --durations=25
+
+# the long variants and the full fault matrix: what make test leaves out (CI runs it too)
+test-long: install
+	$(BIN)/pytest -q -m long --durations=25
 
 test-all: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # every module's logic against real Redis and S3, no worker process (docs/testing.md)
 test-fast: install

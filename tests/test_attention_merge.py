@@ -5,6 +5,7 @@ is measured by ``bash bench/group_device.sh fluxmerge`` (docs/groups.md)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import interpreted
 
@@ -61,6 +62,8 @@ def test_the_kernel_makes_the_whole_attention_from_two_halves_in_tokens_first_la
     assert interpreted(INTERPRETED, SHAPES) == []
 
 
+@pytest.mark.slow  # a compile under Triton's interpreter: 20-25 s on 2 cores
+@pytest.mark.long
 def test_the_compiler_keeps_the_merge_one_op() -> None:
     """Under ``torch.compile`` the merge stays its own call (what lets the kernel after the
     attention be one GPU's), with the same result as eager."""

@@ -69,6 +69,7 @@ def test_cancel_stops_an_enqueue_that_tops_the_queue_up(env, conn, tmp_path):
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_cancel_stops_a_running_job_before_any_image_and_enqueue_finishes_the_campaign(env, conn, tmp_path):
     rows, out = _rows(tmp_path, 6), tmp_path / "out"
     assert producer("enqueue", rows, *SLOW, "--chunk-size", "2", "--output", out).exit_code == 0

@@ -43,6 +43,7 @@ def test_eta_counts_images_left_including_what_running_jobs_have_done():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_status_and_wait_show_the_whole_campaign_with_the_running_jobs_steps(env, conn, tmp_path):
     rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"campaign {i}\n" for i in range(4)))
     assert producer("enqueue", rows, *SLOW, "--chunk-size", "1", "--output", tmp_path / "out").exit_code == 0

@@ -57,6 +57,7 @@ def test_compile_cache_setting_names_the_redis_or_refuses_in_one_line(redis_url)
 
 
 @pytest.mark.slow  # two processes that import torch and compile (about 30 s on 2 cores)
+@pytest.mark.long
 def test_a_new_host_loads_what_another_compiled_from_the_queues_redis(tmp_path, redis_url):
     conn = redis.Redis.from_url(redis_url)
     alone = host(tmp_path, "alone", redis_url, "local")

@@ -80,6 +80,7 @@ EIGHT_HEADS = {**TINY_FLUX, "transformer": {**TINY_FLUX["transformer"], "num_att
 
 @pytest.mark.slow  # torchrun, two FLUX pipelines per rank and a compile: half a minute each on the CPU
 @pytest.mark.parametrize("exchange", ["diffusers", "parts2", "ring"])
+@pytest.mark.long
 def test_diffusers_split_halves_the_flux_tokens_and_makes_the_one_process_image(tmp_path: Path, exchange: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
@@ -164,8 +165,17 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow  # torchrun: 6-18 s each on 2 cores
 @pytest.mark.parametrize(
-    "ranks,how", [(2, "all_gather"), (4, "all_gather"), (2, "pull"), (2, "bshd"), (2, "whole"), (4, "whole")]
+    "ranks,how",
+    [
+        (2, "all_gather"),
+        pytest.param(4, "all_gather", marks=pytest.mark.long),
+        pytest.param(2, "pull", marks=pytest.mark.long),
+        (2, "bshd"),
+        pytest.param(2, "whole", marks=pytest.mark.long),
+        pytest.param(4, "whole", marks=pytest.mark.long),
+    ],
 )
 def test_ring_attention_over_every_rank_is_the_whole_sequences_attention(tmp_path: Path, ranks: int, how: str) -> None:
     """Each rank's queries against every rank's keys and values (the gather, the local attention

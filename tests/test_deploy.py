@@ -272,6 +272,7 @@ def get_json(url: str, auth: tuple[str, str] | None) -> object:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tmp_path):
     env, values, url = stack["env"], stack["values"], stack["url"]
     out = tmp_path / "out"
@@ -359,6 +360,7 @@ def test_services_run_their_commands_and_the_dashboard_shows_the_queue(stack, tm
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_group_service_command_runs_a_group(stack, tmp_path):
     """The group service's exact command (2 ranks, the tiny model, data parallel on the CPU)."""
     env, values, url = stack["env"], stack["values"], stack["url"]

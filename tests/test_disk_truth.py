@@ -80,6 +80,7 @@ def test_a_torn_last_line_is_cut_before_the_next_append(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_disk_that_fills_while_a_job_records_pauses_the_worker_and_costs_no_retry(env, conn, small_disk, tmp_path):
     out = small_disk / "out"
     text = "".join(f"a prompt with a long text {i} " * 4 + "\n" for i in range(8))

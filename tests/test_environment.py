@@ -97,6 +97,7 @@ def test_a_model_no_worker_loads_fails_only_once_two_workers_failed_it_the_same_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_fleet_with_one_broken_model_cache_fails_no_job(env, conn, cache_dir, tmp_path):
     """3 workers, one of them with a truncated safetensors file in its own cache: that worker
     gives its jobs back and stops taking the model; the other two make every image."""
@@ -148,6 +149,7 @@ def test_enqueue_names_the_row_whose_adapter_is_missing(env, conn, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_job_whose_folder_is_a_file_is_given_back_and_valid_jobs_behind_it_run(env, conn, tmp_path):
     """One job's folder (a file took its place after the enqueue) is that job's problem on
     this worker: it goes back for other workers and the worker does not pause; a second

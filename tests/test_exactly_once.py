@@ -132,6 +132,7 @@ def test_stalled_worker_past_the_ttl_comes_back_and_records_nothing(env, conn, t
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_counter_equals_files_after_a_rerun_of_a_done_file(env, conn, tmp_path):
     path = rows_file(tmp_path, 6)
     out = tmp_path / "out"

@@ -56,6 +56,7 @@ def only_job(conn, status: str | None = None) -> Job:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_adapter_missing_on_two_workers_fails_for_good_in_one_line_and_the_worker_goes_on(env, conn, tmp_path):
     text = "prompt,adapter\nneeds an adapter,/nonexistent/dora\nplain prompt,\n"
     out = enqueue(tmp_path, text, "--max-retries", "3", "--no-path-checks")  # only workers see the path
@@ -87,6 +88,7 @@ def test_out_of_memory_splits_the_batch_and_finishes(env, conn, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_out_of_memory_at_batch_one_fails_at_once(env, conn, tmp_path):
     enqueue(tmp_path, "prompt\na\nb\n", "--chunk-size", "2", "--max-retries", "3")
     worker = run_worker({**env, "DIFFQ_FAULT_OOM_ABOVE": "0"})
@@ -109,6 +111,7 @@ def test_transient_failures_retry_with_backoff_and_burst_waits_for_them(env, con
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_transient_failures_stop_at_the_retry_limit(env, conn, tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFQ_RETRY_BACKOFF", "1")
     enqueue(tmp_path, "prompt\na\n", "--max-retries", "1")
@@ -121,6 +124,7 @@ def test_transient_failures_stop_at_the_retry_limit(env, conn, tmp_path, monkeyp
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_retry_failed_requeues_only_what_may_succeed_unless_all(env, conn, tmp_path, monkeypatch):
     enqueue(tmp_path, "prompt,adapter\nneeds an adapter,/nonexistent/dora\n", "--no-path-checks", "--max-retries", "0")
     for _ in range(2):  # missing on two workers: fails permanently

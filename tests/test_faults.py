@@ -92,6 +92,7 @@ def test_sigterm_finishes_the_current_job_takes_no_new_one_and_exits_0(env, conn
         kill(worker)
 
 
+@pytest.mark.long
 def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn, tmp_path):
     output = enqueue(tmp_path, 6, 2, (*SLOW, "--max-retries", "2"))
     worker = start_worker(env, tmp_path / "w.log", "--name", "W")
@@ -171,6 +172,7 @@ def blocking(tmp_path: Path) -> tuple[dict[str, str], Path]:
     return {"DIFFQ_FAULT_BLOCK_DECODE": str(release)}, release
 
 
+@pytest.mark.long
 def test_sigterm_is_heard_while_the_main_thread_is_in_a_long_c_call(env, conn, tmp_path):
     output = enqueue(tmp_path, 2, 1, TINY_FLAGS)
     log = tmp_path / "w.log"
@@ -188,6 +190,7 @@ def test_sigterm_is_heard_while_the_main_thread_is_in_a_long_c_call(env, conn, t
         kill(worker)
 
 
+@pytest.mark.long
 def test_second_signal_during_a_long_c_call_requeues_and_exits_at_once(env, conn, tmp_path):
     enqueue(tmp_path, 2, 1, (*TINY_FLAGS, "--max-retries", "2"))
     log = tmp_path / "w.log"

@@ -64,6 +64,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow  # Triton's interpreter in a child process: 8 s on 2 cores
 def test_the_triton_kernel_computes_conv2d_and_its_fp8_reference():
     pytest.importorskip("triton", reason="triton is in the dev install (pyproject.toml)")
     assert interpreted(INTERPRETED, SHAPES) == []

@@ -120,6 +120,7 @@ def test_bad_degrees_every_rank_exits_with_the_arithmetic(env: dict[str, str], c
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_parallel_vae_on_an_sdxl_group_is_one_line_from_rank_0(env: dict[str, str], conn: redis.Redis) -> None:
     """xDiT's DistVAE splits a DiT's decoder; an SDXL CFG pair decodes its own halves already."""
     result = run_group(env, "--cfg-parallel", "--parallel-vae", timeout=120)
@@ -148,6 +149,7 @@ def test_two_rank_group_drains_the_queue(env: dict[str, str], conn: redis.Redis,
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cfg_parallel_image_equals_the_single_worker_image(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -194,6 +196,7 @@ def tiny_flux(folder: Path, heads: int = 8) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_that_does_not_split(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -248,6 +251,7 @@ def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_tha
          "8.0 or later); on this cpu machine use --ulysses-degree 2"),
     ],
 )  # fmt: skip
+@pytest.mark.long
 def test_a_flux_split_this_group_cannot_run_is_one_line_from_rank_0(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path, flag: str, heads: int, told: str
 ) -> None:
@@ -259,6 +263,7 @@ def test_a_flux_split_this_group_cannot_run_is_one_line_from_rank_0(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_error_on_rank_1_fails_that_job_and_the_group_goes_on(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -364,6 +369,7 @@ def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn: redis.Redis, tmp_path: Path) -> None:
     enqueue(tmp_path, [f"sigterm test {i}" for i in range(4)], SLOW, "--chunk-size", "2")
     log = tmp_path / "group.log"

@@ -22,6 +22,7 @@ def health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_worker_health_follows_the_heartbeat_of_a_worker_on_this_host(env, tmp_path):
     idle = health(env)
     assert idle.returncode == 1

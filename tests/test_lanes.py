@@ -120,6 +120,7 @@ def test_a_worker_of_two_lanes_takes_the_first_lane_first_and_keeps_rq_crash_saf
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_single_workers_leave_group_jobs_and_status_says_they_wait_for_one(env, conn, tmp_path):
     out = tmp_path / "out"
     _enqueue(_csv(tmp_path, "bulk.csv", ["bulk 0", "bulk 1"]), out)
@@ -143,6 +144,7 @@ def _torchrun(env: dict[str, str], *args: str, timeout: float = 300) -> subproce
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_group_takes_its_lane_first_then_helps_and_status_says_who_made_what(env, conn, tmp_path):
     out = tmp_path / "out"
     _enqueue(_csv(tmp_path, "bulk.csv", ["bulk 0", "bulk 1"]), out)
@@ -170,6 +172,7 @@ def test_a_group_takes_its_lane_first_then_helps_and_status_says_who_made_what(e
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_job_too_big_for_a_single_worker_goes_to_a_live_group(env, conn, tmp_path):
     """Out of memory at one image on a single worker, with a group serving the campaign: the job
     is handed to the group lane (retries untouched) and the group makes it; nothing fails."""

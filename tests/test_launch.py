@@ -57,6 +57,7 @@ def test_gpus_all_means_the_gpus_this_process_may_use():
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_launch_under_a_given_cuda_visible_devices_pins_each_worker_to_one_of_them(env, conn):
     given = {**env, "CUDA_VISIBLE_DEVICES": "2,5"}
     proc = subprocess.run(worker_cmd("launch", "--gpus", "all", "--burst"), env=given, cwd=ROOT,
@@ -99,6 +100,7 @@ def _worker_pids(conn) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env, conn, tmp_path):
     rows = write_csv(tmp_path / "p.csv", "prompt\nfirst slow one\nsecond slow one\n")
     assert producer("enqueue", rows, *SLOW, "--chunk-size", "1", "--output", tmp_path / "out").exit_code == 0
@@ -118,6 +120,7 @@ def test_children_do_not_outlive_a_killed_launcher_and_give_their_jobs_back(env,
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
     cmd = " ".join(worker_cmd("launch", "--gpus", "cpu,cpu")) + f" | tee {tmp_path / 'launch.log'}"
     shell = subprocess.Popen(["bash", "-c", cmd], env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)

@@ -61,6 +61,7 @@ def test_a_lease_is_exclusive_renewable_and_released(conn):
     assert conn.get(lease_key("h", "0")) is None
 
 
+@pytest.mark.long
 def test_a_lease_is_held_while_the_worker_starts_however_long_that_takes(env, conn, tmp_path):
     """Between taking its lease and serving, a worker imports torch and loads its model; four
     replicas starting on a loaded two-core host took longer than the lease lives (CI, compose),
@@ -97,6 +98,7 @@ def test_a_lease_is_held_while_the_worker_starts_however_long_that_takes(env, co
             proc.wait(60)
 
 
+@pytest.mark.long
 def test_a_signal_stops_a_starting_leasing_worker_while_redis_is_down(env, tmp_path):
     """The lease is renewed from the moment it is taken, so a worker still loading its model
     talks to Redis: with Redis gone, one SIGTERM must still end it within the stop promise

@@ -121,6 +121,7 @@ def test_replayed_calls_read_the_rows_where_their_capture_saw_them(eager: Any) -
 
 
 @pytest.mark.slow  # two compiles of the tiny FLUX's blocks
+@pytest.mark.long
 def test_compiled_blocks_build_no_more_graphs_with_the_table(eager: Any) -> None:
     """The layers' rows are inputs of the blocks' graphs: one graph a kind of block serves every
     block, as without the table (an attribute read as a constant would compile one graph a block)."""

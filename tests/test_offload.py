@@ -218,6 +218,7 @@ def test_model_offload_runs_the_hooks_and_switches_adapters_like_the_resident_pi
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_a_worker_with_model_offload_drains_a_campaign_and_records_its_batch(
     redis_server: RedisServer, cache_dir: Path, tmp_path: Path
 ):

@@ -78,6 +78,7 @@ def test_the_next_job_denoises_while_the_writer_holds_the_last_ones_images(env, 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_worker_killed_with_images_in_the_writer_loses_nothing(env, conn, tmp_path):
     out = _enqueue(tmp_path, 3)
     ids = list(get_queue("diffq", conn).job_ids)
@@ -99,6 +100,7 @@ def test_a_worker_killed_with_images_in_the_writer_loses_nothing(env, conn, tmp_
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_a_full_disk_found_by_the_writer_gives_the_job_back_and_pauses(env, conn, small_disk, tmp_path):
     """The writer's failure takes the same path as one in the job function: the job goes back to
     the front of the queue, retries untouched, and the worker pauses instead of failing jobs."""

@@ -188,6 +188,7 @@ def run_process(folder: Path) -> tuple[list[str], str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_new_process_loads_the_file_instead_of_tracing_and_a_damaged_file_is_compiled_again(tmp_path):
     expected = made()(torch.ones(2, 8), scale=3.0).sum().item()
     folder = tmp_path / "precompiled"

@@ -20,6 +20,7 @@ def _subscribed(conn, name: str) -> bool:
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_an_idle_worker_hears_every_command_and_shuts_down_warm_on_rqs_shutdown(env, conn, tmp_path):
     """Before, a stop-job to an idle worker killed RQ's pubsub thread ("'_thread.RLock' object is
     not subscriptable": diffq kept a lock under RQ 3's ``_executions``) and it heard nothing after."""
@@ -40,6 +41,7 @@ def test_an_idle_worker_hears_every_command_and_shuts_down_warm_on_rqs_shutdown(
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_rqs_stop_job_stops_a_running_job_before_any_image_and_enqueue_brings_it_back(env, conn, tmp_path):
     rows, out = tmp_path / "p.csv", tmp_path / "out"
     rows.write_text("prompt\n" + "".join(f"stop me {i}\n" for i in range(4)), encoding="utf-8")

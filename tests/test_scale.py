@@ -77,6 +77,7 @@ def test_a_campaign_killed_while_waiting_for_room_resumes_with_every_image_once(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_finished_jobs_past_keep_finished_are_deleted_and_counted(env, conn, tmp_path):
     path = prompts(tmp_path, 10)
     out = tmp_path / "out"

@@ -50,6 +50,7 @@ def pickle_job(conn: redis.Redis, marker: Path, job_id: str = "evil") -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_pickle_payload_is_rejected_and_creates_nothing(env, conn, tmp_path):
     marker = tmp_path / "pwned"
     data = pickle_job(conn, marker)
@@ -80,6 +81,7 @@ NAME = re.compile(r"images/[0-9a-f]{2}/[0-9a-f]{24}-\d+\.png")
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_output_names_never_come_from_user_text(env, conn, tmp_path):
     rows = (
         "id,prompt,negative_prompt\n"
@@ -101,6 +103,7 @@ def test_output_names_never_come_from_user_text(env, conn, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_job_naming_a_path_outside_the_output_root_is_refused(env, conn, tmp_path):
     root = tmp_path / "allowed"
     elsewhere = tmp_path / "elsewhere"
@@ -193,6 +196,7 @@ def _pings(client: redis.Redis) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_rediss_url_is_accepted_end_to_end(env, tls_redis, tmp_path, monkeypatch):
     monkeypatch.setenv("REDIS_URL", tls_redis)
     path = write_csv(tmp_path / "p.csv", "prompt\nover tls\n")

@@ -67,6 +67,7 @@ def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_compile_unet_matches_eager_and_builds_no_graph_after_warm_up_across_tails_and_adapters(cache_dir, redis_url):
     """The whole UNet as one graph: pixels within 2/255 of eager, and after the warm-up no
     graph at all: not for a tail chunk, nor the first adapter merged into the weights, nor
@@ -211,6 +212,7 @@ for n in (2, 3):
 
 
 @pytest.mark.worker  # a process of its own that loads the pipeline, as a worker does
+@pytest.mark.long
 def test_a_worker_that_cannot_compile_runs_its_jobs_eagerly_and_says_why_once(tmp_path, cache_dir):
     """torch.compile needs a C compiler (and Python headers for Triton on GPUs): a worker without
     them must not fail the queue's jobs. The first job's compile fails for real here (Inductor
@@ -278,6 +280,8 @@ def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel
     assert_compiled_matches_eager(eager, compiled, params)
 
 
+@pytest.mark.slow  # a compile: 8-11 s on 2 cores
+@pytest.mark.long
 def test_compile_vae_compiles_a_flux_decoder_and_changes_no_pixel(tmp_path):
     """``compile-vae`` on a DiT pipeline (a FLUX worker's and group's default): its decoder is
     one graph, as SDXL's (eager, ATen's GroupNorm gives one image's group one thread block); the

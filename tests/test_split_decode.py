@@ -71,7 +71,15 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize(("ranks", "compiled"), [(2, "eager"), (4, "eager"), (2, "compiled")])
+@pytest.mark.slow  # torchrun and a decoder per rank: 7-64 s on 2 cores
+@pytest.mark.parametrize(
+    ("ranks", "compiled"),
+    [
+        (2, "eager"),
+        pytest.param(4, "eager", marks=pytest.mark.long),
+        pytest.param(2, "compiled", marks=pytest.mark.long),
+    ],
+)
 def test_each_rank_decodes_its_rows_and_every_rank_has_the_whole_decode(
     tmp_path: Path, ranks: int, compiled: str
 ) -> None:
@@ -155,6 +163,8 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow  # torchrun
+@pytest.mark.long
 def test_a_ranks_split_decode_holds_less_memory_than_a_whole_decode(tmp_path: Path) -> None:
     """bf16, as a FLUX group decodes (eager): each GroupNorm holds one fp32 copy of a part of its
     groups at a time, so a rank's half of the rows peaks below one GPU's whole decode (before, the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, run_ranks
 
 RANK = r"""
@@ -31,6 +32,8 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow  # torchrun
+@pytest.mark.long
 def test_every_rank_of_a_group_writes_a_whole_tiny_model(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)

@@ -66,6 +66,7 @@ def _assert_not_done_said(env: dict[str, str], out: Path) -> None:
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_a_job_stranded_as_its_worker_took_it_is_never_called_done(env, conn, tmp_path):
     """Finding 1: a worker killed between taking a job (RQ's intermediate list) and starting it.
     Before, status, wait, verify and a burst worker all said done with the job's images missing.
@@ -92,6 +93,7 @@ def test_a_job_stranded_as_its_worker_took_it_is_never_called_done(env, conn, tm
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_a_deleted_output_folder_is_made_again_by_the_same_enqueue(env, conn, tmp_path):
     """Finding 2: the folder did not exist before the first enqueue; the worker made it. Deleted
     whole, the same enqueue makes every image again (the worker recorded the folder)."""
@@ -109,6 +111,7 @@ def test_a_deleted_output_folder_is_made_again_by_the_same_enqueue(env, conn, tm
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_verify_checks_one_output_of_a_queue_that_served_several(env, conn, tmp_path):
     """Finding 3: one queue, two output folders. Each verifies clean against its own items; an
     image of the other output's item copied in is called another output's."""
@@ -128,6 +131,7 @@ def test_verify_checks_one_output_of_a_queue_that_served_several(env, conn, tmp_
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_verify_lists_every_damage_of_an_item(env, conn, tmp_path):
     """Finding 3: an item of two images, one cut and the other without its metadata line: both
     are listed (before, verify moved on at the first damage), and --repair remakes the item."""
@@ -194,7 +198,9 @@ def _denoising(conn, worker: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("round_no", range(3))
+@pytest.mark.parametrize(
+    "round_no", [0, pytest.param(1, marks=pytest.mark.long), pytest.param(2, marks=pytest.mark.long)]
+)
 def test_sigkill_in_every_phase_of_a_job_loses_nothing_and_no_tool_says_done_early(env, conn, tmp_path, round_no):
     _kill_round(env, conn, tmp_path, round_no)
 

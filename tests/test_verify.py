@@ -100,6 +100,7 @@ def test_verify_says_what_it_cannot_check(env, conn, tmp_path):
     assert "Traceback" not in missing.output
 
 
+@pytest.mark.long
 def test_verify_returns_under_a_signal_handler_that_returns(env, conn, tmp_path, redis_url):
     """Its checking processes are forked: a caller's SIGTERM handler that only sets a flag (as
     RQ's worker installs one) used to make a child survive the pool's SIGTERM while it waited
