@@ -137,12 +137,36 @@ def connect(url: str, *, check: bool = True, retries: int = PATIENCE_COMMAND) ->
             raise ConfigError(f"Redis at {redact(url)} refused the credentials in the URL") from None
         except redis.RedisError as exc:
             raise ConfigError(
-                f"cannot reach Redis at {redact(url)} ({exc.__class__.__name__}): "
+                refusal(exc, url)
+                or f"cannot reach Redis at {redact(url)} ({exc.__class__.__name__}): "
                 "start redis-server or set --redis-url / REDIS_URL"
             ) from None
         finally:
             probe.close()
     return conn
+
+
+def refusal(exc: BaseException, url: str | None = None) -> str | None:
+    """One line for a Redis that answers and refuses (a connection limit, a read-only replica,
+    no memory left, credentials), or None for one that does not answer. redis-py raises some of
+    these as connection errors, which read as "Redis is down" when it is up and saying no."""
+    where = f"Redis at {redact(url)}" if url else "Redis"
+    text = str(exc)
+    if "max number of clients reached" in text:
+        return (
+            f"{where} is up and refuses new connections: max number of clients reached (its maxclients). "
+            "Close idle clients, or raise it: redis-cli CONFIG SET maxclients 20000"
+        )
+    if isinstance(exc, redis.ReadOnlyError) or text.startswith(("READONLY", "You can't write against a read only")):
+        return f"{where} is a read-only replica: point --redis-url / REDIS_URL at its primary"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
+        return (
+            f"{where} is out of memory (its maxmemory) and refuses writes: give it more memory or let the "
+            "workers drain the queue, then run the same command again"
+        )
+    if isinstance(exc, redis.AuthenticationError) or text.startswith(("NOAUTH", "WRONGPASS", "invalid password")):
+        return f"{where} refused the credentials: check the password in --redis-url / REDIS_URL"
+    return None
 
 
 class LeanJob(Job):

@@ -13,6 +13,15 @@ job of a queue is in exactly one of these places, and this module is the one rea
   Any worker re-queues lost jobs (:mod:`worker.serving.recovery`), at start and from its keeper;
   until then they are work left, never done.
 
+Beside the jobs, the campaign's enqueues in progress (:mod:`common.enqueues`): one still reading
+its file will queue more; one that stopped mid-file must be run again.
+
+**Complete** has one definition, :attr:`Left.complete`, which ``status``, ``wait``, ``verify``,
+the metrics and burst workers share: no job pending, no enqueue open (reading or stopped
+mid-file), and every image of the campaign written. A job that failed or was cancelled and
+whose items were made later (retried, enqueued again, or finished by a worker that came back)
+is no missing image; one whose items were never made is.
+
 Items are queued, running, done, failed or lost by their job's place (:func:`item_states`):
 an item whose job is gone, stopped or cancelled without its images is lost too, and
 ``producer enqueue`` of its file queues it again.
@@ -37,6 +46,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import parse_composite_key
 from rq.worker import Worker
 
+from common.enqueues import EnqueueRun, enqueues_key, runs_of
 from common.lanes import campaign_of, is_group_lane, lanes
 from common.queues import enqueued_key, images_key
 from common.rq_keys import rq_names
@@ -67,11 +77,36 @@ class Left:
     images_written: int = 0
     #: of ``queued``, the jobs in the group lane: only a group takes them
     for_groups: int = 0
+    #: the campaign's enqueues still reading their file (they will queue more)
+    enqueuing: list[EnqueueRun] = field(default_factory=list)
+    #: enqueues that stopped mid-file (died, paused, interrupted): run again, they queue the rest
+    enqueues_stopped: list[EnqueueRun] = field(default_factory=list)
 
     @property
     def pending(self) -> int:
         """Jobs that are not over: while this is not 0, the campaign is not done."""
         return self.queued + self.starting + self.running + self.retrying + self.lost
+
+    @property
+    def settled(self) -> bool:
+        """Nothing will change by itself any more: no job pending, no enqueue reading its file."""
+        return not self.pending and not self.enqueuing
+
+    @property
+    def images_missing(self) -> int:
+        """Images of the campaign not written (never below 0)."""
+        return max(0, self.images_enqueued - self.images_written)
+
+    @property
+    def complete(self) -> bool:
+        """Every image of the campaign is written and nothing is left to queue or run (the one
+        definition: see the module docstring)."""
+        return is_complete(self.pending, len(self.enqueuing), len(self.enqueues_stopped), self.images_missing)
+
+
+def is_complete(pending: int, enqueuing: int, enqueues_stopped: int, images_missing: int) -> bool:
+    """The one definition of a complete campaign (module docstring), for every tool that says it."""
+    return not pending and not enqueuing and not enqueues_stopped and not images_missing
 
 
 def live_workers(conn: redis.Redis, queue: str, ttl: float, now: float | None = None) -> set[str]:
@@ -120,10 +155,13 @@ def left(
             pipe.hgetall(intermediate_seen_key(name))
         pipe.get(enqueued_key(campaign))
         pipe.get(images_key(campaign))
+        pipe.hgetall(enqueues_key(campaign))
         answers = pipe.execute()
-    enqueued, written = answers[-2:]
+    enqueued, written, enqueues = answers[-3:]
     state.images_enqueued, state.images_written = int(enqueued or 0), int(written or 0)
-    for at, name in zip(range(0, len(answers) - 2, 7), read, strict=True):
+    for run in runs_of(enqueues):
+        (state.enqueuing if run.alive(ttl, now) else state.enqueues_stopped).append(run)
+    for at, name in zip(range(0, len(answers) - 3, 7), read, strict=True):
         queued, running, expired, scheduled, deferred, taken, seen = answers[at : at + 7]
         state.queued += queued
         state.running += running
@@ -154,7 +192,8 @@ def spec_images(job: Job) -> int:
 def failed_images(conn: redis.Redis, queue: str, most: int = 10_000) -> int:
     """Images of the jobs in the campaign's failed registries (failed, or stopped on request),
     from their specs: with :class:`Left`'s counters, what no job will write unless it is retried."""
-    ids = [i for lane in lanes(queue) for i in FailedJobRegistry(lane, connection=conn).get_job_ids(0, most - 1)]
+    registries = [FailedJobRegistry(lane, connection=conn) for lane in lanes(queue)]
+    ids = [i for registry in registries for i in registry.get_job_ids(0, most - 1, cleanup=False)]  # read-only
     jobs = Job.fetch_many(ids, connection=conn, serializer=JSONSerializer)
     return sum(spec_images(job) for job in jobs if job is not None)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -21,11 +23,13 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
+from common.enqueues import EnqueueRecord
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.lanes import group_lane, lanes
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
-from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
+from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key, refusal
+from common.reconcile import left
 from common.settings import Settings, is_placeholder, redact
 from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
@@ -47,8 +51,9 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except DiffqError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
-        except redis.ConnectionError as exc:
-            click.echo(f"error: lost the connection to Redis ({exc}); run the same command again", err=True)
+        except (redis.ConnectionError, redis.ReadOnlyError, redis.AuthenticationError) as exc:
+            said = refusal(exc) or f"lost the connection to Redis ({exc})"
+            click.echo(f"error: {said}; run the same command again", err=True)
             sys.exit(3)
         except redis.exceptions.NoScriptError:
             click.echo("error: Redis restarted again and again under this command (it lost its scripts each time); "
@@ -186,7 +191,16 @@ def enqueue(file: Path, **opts: Any) -> None:
         bar.done,
         extra=f"· {queued} jobs queued (--max-queued): waiting for workers; Ctrl-C is safe, run again to resume",
     )
-    report = enqueuer.enqueue(file, defaults, on_row=bar.update)
+    # the campaign is not complete while this is reading its file, nor after it stopped mid-file
+    run_id = fingerprint or f"{socket.gethostname()}:{os.getpid()}:{file.resolve()}"
+    record = EnqueueRecord(conn, settings.queue, run_id, str(file.resolve()), total_rows, settings.heartbeat_ttl)
+    with record:
+
+        def on_row(rows: int) -> None:
+            bar.update(rows)
+            record.rows(rows)
+
+        report = enqueuer.enqueue(file, defaults, on_row=on_row)
     bar.close()
     click.echo(
         f"{report.new_items} new"
@@ -204,6 +218,12 @@ def enqueue(file: Path, **opts: Any) -> None:
             f"output {output} is not visible from this host: {report.unchecked_done} done item(s) were not "
             "checked for missing images (producer verify on a host that sees it checks them)",
             err=True,
+        )
+    if report.other_output:
+        raise ConfigError(
+            f"{file}: {report.other_output} row(s) are done on queue {settings.queue!r} for another output, so "
+            f"none of them was queued for {output} (a queue is one campaign with one output). To make them in "
+            f"{output}, give it a queue of its own: --queue <name> (or DIFFQ_QUEUE)"
         )
 
 
@@ -255,25 +275,29 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
     click.echo("\n".join(describe_check(report, output, settings.queue)))
     if report.clean:
         unfinished = report.in_flight + report.failed
-        click.echo("clean: the output equals the ledger" + (
-            f"; not finished: {unfinished} item(s) still queued, running or failed" if unfinished else ""))  # fmt: skip
+        place = left(conn, settings.queue, ttl=settings.heartbeat_ttl)  # the campaign: common.reconcile
+        why = [f"{unfinished} item(s) still queued, running or failed"] if unfinished else []
+        why += [run.describe(settings.heartbeat_ttl) for run in (*place.enqueuing, *place.enqueues_stopped)]
+        if not why and not place.complete:
+            why.append(f"{place.pending} job(s) not over, {place.images_missing} image(s) of the campaign not written")
+        click.echo("clean: the output equals the ledger" + (f"; not finished: {'; '.join(why)}" if why else ""))
         return
     if not repair:
         click.echo("producer verify --repair fixes what can be fixed", err=True)
         sys.exit(1)
     enqueuer = Enqueuer(conn, settings.queue, EnqueueOptions.from_settings(settings, store.location))
     apply_repairs(store, report, enqueuer.requeue)
-    left = report.repairs.unrepairable + report.problems.counts["unknown"]
+    unrepaired = report.repairs.unrepairable + report.problems.counts["unknown"]
     if report.problems.counts["count"]:
         if collect(conn, settings.queue, details=False).pending == 0:
             conn.set(images_key(settings.queue), report.images)
             report.repaired.append(f"images counter set to the {report.images} image(s) on disk")
         else:
             click.echo("the images counter is set only while no job is queued or running: repair again then", err=True)
-            left += 1
+            unrepaired += 1
     click.echo("repaired: " + "; ".join(report.repaired or ["nothing"]))
-    if left:
-        click.echo(f"{left} problem(s) cannot be repaired from here: see above", err=True)
+    if unrepaired:
+        click.echo(f"{unrepaired} problem(s) cannot be repaired from here: see above", err=True)
         sys.exit(1)
 
 
@@ -379,11 +403,11 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             eta=st.eta_s,
             extra=_wait_extra(st),
         )
-        if st.pending == 0:
+        if st.settled:  # no job pending and no enqueue still reading its file
             break
         now = time.monotonic()
         state = (st.images_written, round(st.images_in_progress, 3), st.finished, st.failed, st.queued, st.running,
-                 st.lost)  # fmt: skip
+                 st.lost, tuple(run.rows_read for run in st.enqueuing))  # fmt: skip
         if state != last:
             last, moved_at = state, now
         if timeout is not None and now - started > timeout:
@@ -398,6 +422,12 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             sys.exit(4)
         time.sleep(poll)
     bar.close(extra=_wait_extra(st))
+    if st.complete:
+        written = f"{st.finished} job(s) finished, {st.images_written} images written"
+        click.echo(f"queue {settings.queue!r} drained: {written}")
+        return
+    for run in st.enqueues_stopped:
+        click.echo(f"queue {settings.queue!r} is not complete: {run.describe(settings.heartbeat_ttl)}", err=True)
     if st.failed:
         permanent = sum(f.permanent for f in st.failures)
         click.echo(
@@ -414,7 +444,9 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             err=True,
         )
         sys.exit(1)
-    click.echo(f"queue {settings.queue!r} drained: {st.finished} job(s) finished, {st.images_written} images written")
+    if not st.enqueues_stopped:
+        click.echo(f"queue {settings.queue!r} is not complete: " + "; ".join(st.not_complete()), err=True)
+    sys.exit(1)
 
 
 def _wait_extra(st: QueueStatus) -> str:
@@ -430,6 +462,7 @@ def _wait_extra(st: QueueStatus) -> str:
         parts.append(f"{st.failed} failed")
     if st.stalled:
         parts.append(st.stalled)
+    parts += [f"enqueue {run.where()}" for run in st.enqueuing]
     return "· " + " · ".join(parts)
 
 

@@ -23,15 +23,47 @@ import signal
 import sys
 from typing import Any
 
-from rq import Worker
+from rq import Queue, Worker
+from rq.exceptions import NoSuchJobError
+from rq.executions import Execution
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 
 class JSONWorker(Worker):
-    """``rq.Worker`` read back with the JSON serializer unless told otherwise."""
+    """``rq.Worker`` read back with the JSON serializer unless told otherwise, and read only:
+    RQ's ``get_current_executions`` (which ``get_current_job`` calls) removes the executions that
+    expired from the worker's set, so the Workers page of a dead worker changed Redis."""
 
     def __init__(self, *args: Any, serializer: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, serializer=serializer or JSONSerializer, **kwargs)
+
+    def get_current_executions(self, refresh: bool = False) -> list[Execution]:
+        keys = [member.decode() for member in self.connection.smembers(self.executions_key)]
+        executions = [Execution.from_composite_key(key, connection=self.connection) for key in keys]
+        with self.connection.pipeline(transaction=False) as pipe:
+            for execution in executions:
+                pipe.hgetall(execution.key)
+            found = pipe.execute()
+        live = []
+        for execution, data in zip(executions, found, strict=True):
+            if data:  # an expired one is left out here; the workers' own maintenance removes it
+                execution.restore(data)
+                live.append(execution)
+        return live
+
+
+class ReadOnlyQueue(Queue):
+    """``rq.Queue`` for the dashboard's pages: looking at a job changes nothing. RQ's
+    ``fetch_job`` removes an id whose job is gone from the queue's list, so a page view would
+    change the queue; here such a job is only left out (producer status is read-only the same way)."""
+
+    def fetch_job(self, job_id: str) -> Job | None:
+        try:
+            job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError:
+            return None
+        return job if job.origin == self.name else None
 
 
 def progress_words(meta: dict[str, Any]) -> str:
@@ -91,6 +123,7 @@ def run_dashboard(
 
     web.blueprint.add_url_rule("/metrics", "diffq_metrics", _metrics_view(redis_url, ttl))
     web.Worker = JSONWorker  # the Workers page: see the module docstring
+    web.Queue = ReadOnlyQueue  # its pages change nothing in Redis
     web.serialize_current_job = _serialize_current_job(web.serialize_current_job)
     web.blueprint.after_request(_readable_job_page)
     # in a container this process is PID 1, which the kernel spares SIGTERM's default action:

@@ -25,8 +25,8 @@ from rq.utils import now
 from common.errors import CampaignCancelled, ConfigError, InputFileError
 from common.jobspec import GenParams, JobSpec, PromptItem
 from common.lanes import group_lane
-from common.ledger import MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger, is_done
-from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id
+from common.ledger import MAKE, REDO_PREFIX, REMAKE_ALL, REMAKE_IMAGES, Ledger, done_in, is_done
+from common.naming import IMAGES_DIR, image_path, image_relpath, item_key, job_id, output_id
 from common.queues import TASK_FUNC, cancelled_key, get_queue, items_key, queued_jobs, seen_key, seen_member
 from common.rq_keys import rq_names
 from common.settings import Settings
@@ -80,6 +80,8 @@ class EnqueueReport:
     missing_images: int = 0
     #: done items whose images could not be checked (a local output this host cannot see)
     unchecked_done: int = 0
+    #: items done for another output of this queue: a queue is one campaign with one output
+    other_output: int = 0
     jobs: int = 0
     images: int = 0
 
@@ -198,6 +200,7 @@ class Enqueuer:
         #: visible: missing images can be checked from here; gone: the whole folder was deleted
         self.output_visible, self.output_gone = self._visibility(queue_name)
         self._began = time.time()  # a producer cancel after this stops this enqueue
+        self._oid = output_id(options.output)
         self._listed: set[str] | None = None  # an object store's image names, listed once when needed
         self._recorded: set[str] | None = None  # image names with a metadata line, read once when needed
 
@@ -235,7 +238,10 @@ class Enqueuer:
             seen.add(key)
             state = states[key]
             status = statuses.get(_owner(state)) if state is not None and not is_done(state) else None
-            if is_done(state) and self._images_missing(key, row):
+            elsewhere = done_in(state)
+            if elsewhere is not None and elsewhere != self._oid:
+                self.report.other_output += 1  # done, in another output: not this one's to check
+            elif is_done(state) and self._images_missing(key, row):
                 self.report.missing_images += 1
                 self._redo[key] = REMAKE_IMAGES if self._lines_there(key, row) else REMAKE_ALL
                 fresh.append((key, row))

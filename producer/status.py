@@ -22,9 +22,10 @@ from rq.job import Job
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from common.enqueues import EnqueueRun
 from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, is_group_lane, lanes, made_by_key
 from common.queues import RECENT_WINDOW_S, finished_key, get_queue, paused_key, recent_key
-from common.reconcile import failed_images, left
+from common.reconcile import failed_images, is_complete, left
 from producer.progress import format_duration
 
 MAX_FAILURES_SHOWN = 5
@@ -101,6 +102,11 @@ class QueueStatus:
     groups: list[str] = field(default_factory=list)
     #: images written, by who made them: ``worker`` (single-GPU workers) and ``group``
     made_by: dict[str, int] = field(default_factory=dict)
+    #: enqueues of the campaign still reading their file, and those stopped mid-file
+    #: (:mod:`common.enqueues`); ``ttl`` tells which is which in words
+    enqueuing: list[EnqueueRun] = field(default_factory=list)
+    enqueues_stopped: list[EnqueueRun] = field(default_factory=list)
+    ttl: float = 30.0
 
     @property
     def waiting_for_a_group(self) -> bool:
@@ -128,9 +134,28 @@ class QueueStatus:
         return self.queued + self.running + self.scheduled + self.starting + self.lost
 
     @property
+    def settled(self) -> bool:
+        """Nothing will change by itself any more (``producer wait`` stops): no job pending, no
+        enqueue still reading its file."""
+        return not self.pending and not self.enqueuing
+
+    @property
     def complete(self) -> bool:
-        """Every image of the campaign is written: nothing pending, failed or unaccounted."""
-        return not self.pending and not self.failed and not self.unaccounted and not self.cancelled
+        """Every image of the campaign is written and nothing is left to queue or run:
+        :func:`common.reconcile.is_complete`, the definition wait, verify and the metrics share.
+        A cancelled or failed job whose items were made later is no missing image."""
+        missing = max(0, self.images_enqueued - self.images_written)
+        return is_complete(self.pending, len(self.enqueuing), len(self.enqueues_stopped), missing)
+
+    def not_complete(self) -> list[str]:
+        """Why the campaign is not complete, a line each (empty when it is)."""
+        lines = [run.describe(self.ttl) for run in (*self.enqueuing, *self.enqueues_stopped)]
+        if self.pending:
+            lines.append(f"{self.pending} job(s) not over")
+        missing = max(0, self.images_enqueued - self.images_written)
+        if missing and not self.pending:
+            lines.append(f"{missing} image(s) of the campaign not written")
+        return lines
 
     @property
     def images_in_progress(self) -> float:
@@ -144,7 +169,7 @@ class QueueStatus:
         if not self.images_enqueued:
             return None
         done = min(1.0, (self.images_written + self.images_in_progress) / self.images_enqueued)
-        return min(done, 0.999) if self.pending else done
+        return done if self.complete else min(done, 0.999)
 
     @property
     def images_left(self) -> float:
@@ -152,7 +177,7 @@ class QueueStatus:
 
     @property
     def eta_s(self) -> float | None:
-        if not self.pending or self.images_per_s <= 0 or self.stalled:
+        if not self.pending or self.images_per_s <= 0 or self.stalled or self.enqueuing:
             return None
         return self.images_left / self.images_per_s
 
@@ -182,6 +207,10 @@ class QueueStatus:
             "rate": {"images_per_s": round(self.images_per_s, 4), "jobs_per_s": round(self.jobs_per_s, 4)},
             "stalled": self.stalled,
             "complete": self.complete,
+            "enqueues": [
+                {**run.__dict__, "alive": run in self.enqueuing, "text": run.describe(self.ttl)}
+                for run in (*self.enqueuing, *self.enqueues_stopped)
+            ],
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "running": [r.__dict__ | {"fraction": round(r.fraction, 3)} for r in self.running_jobs],
             "failures": [f.__dict__ for f in self.failures],
@@ -250,12 +279,13 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
     status.finished, status.failed, status.cancelled = max(finished, int(counted or 0)), failed, cancelled
     status.images_written = place.images_written
     status.images_enqueued = place.images_enqueued
+    status.enqueuing, status.enqueues_stopped, status.ttl = place.enqueuing, place.enqueues_stopped, stale_after_s
     if not status.pending and status.images_written < status.images_enqueued:
         missing = status.images_enqueued - status.images_written
         status.unaccounted = max(0, missing - (failed_images(conn, queue_name) if failed else 0))
     status.jobs_per_s, status.images_per_s = rates(recent, now, total)
     if details:
-        _fill_details(conn, queue_name, status, stale_after_s)
+        _fill_details(conn, queue_name, status, stale_after_s, set(place.lost_ids))
         status.details = True
         if status.stalled:  # a rate from workers that are gone or paused would promise an ETA
             status.jobs_per_s = status.images_per_s = 0.0
@@ -283,9 +313,13 @@ def rates(recent: list[tuple[bytes, float]], now: float, total: int | None = Non
     return jobs / span, images * jobs / len(recent) / span
 
 
-def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus, stale_after_s: float) -> None:
+def _fill_details(
+    conn: redis.Redis, queue_name: str, status: QueueStatus, stale_after_s: float, lost: set[str]
+) -> None:
     queues = [get_queue(lane, conn) for lane in lanes(queue_name)]
-    running_ids = [jid for q in queues for jid in StartedJobRegistry(queue=q).get_job_ids()][:MAX_RUNNING_SHOWN]
+    # cleanup=False everywhere: RQ's clean-up would fail or retry a dead worker's job (status is read-only)
+    running = (jid for q in queues for jid in StartedJobRegistry(queue=q).get_job_ids(cleanup=False))
+    running_ids = [jid for jid in dict.fromkeys(running) if jid not in lost][:MAX_RUNNING_SHOWN]
     jobs = Job.fetch_many(running_ids, connection=conn, serializer=JSONSerializer)
     status.running_jobs = [_running(jid, job) for jid, job in zip(running_ids, jobs, strict=True)]
     now = time.time()
@@ -300,7 +334,9 @@ def _fill_details(conn: redis.Redis, queue_name: str, status: QueueStatus, stale
     for name, raw in conn.hgetall(paused_key(queue_name)).items():
         if name.decode() in status.workers:
             status.paused[name.decode()] = json.loads(raw).get("reasons", [])
-    failed_ids = [jid for q in queues for jid in FailedJobRegistry(queue=q).get_job_ids(0, MAX_FAILURES_SHOWN - 1)]
+    failed_ids = [
+        jid for q in queues for jid in FailedJobRegistry(queue=q).get_job_ids(0, MAX_FAILURES_SHOWN - 1, cleanup=False)
+    ]
     failed_ids = failed_ids[:MAX_FAILURES_SHOWN]
     for jid, job in zip(
         failed_ids, Job.fetch_many(failed_ids, connection=conn, serializer=JSONSerializer), strict=True
@@ -335,7 +371,7 @@ def render(status: QueueStatus, redis_label: str) -> str:
         lines.append("    (producer retry-failed re-queues the retryable ones; fix the permanent ones first)")
     total = f" of {status.images_enqueued}" if status.images_enqueued else ""
     progress = f" ({100 * status.progress:.1f}% done, running jobs' steps included)" if status.progress else ""
-    lines.append(f"  images    {status.images_written}{total} written{progress if status.pending else ''}")
+    lines.append(f"  images    {status.images_written}{total} written{'' if status.complete else progress}")
     if len(status.made_by) > 1 or status.made_by.get(MADE_BY_GROUP):
         by = {MADE_BY_WORKER: "single-GPU workers", MADE_BY_GROUP: "groups"}
         kinds = [kind for kind in by if kind in status.made_by] + sorted(set(status.made_by) - set(by))
@@ -346,6 +382,7 @@ def render(status: QueueStatus, redis_label: str) -> str:
             f"  waiting   {status.for_groups} job(s) for a group, and no group serves this queue: start one "
             "(torchrun ... -m worker.group --queue " + status.queue + "); single-GPU workers do not take them"
         )
+    lines += [f"  enqueue   {run.describe(status.ttl)}" for run in (*status.enqueuing, *status.enqueues_stopped)]
     if status.unaccounted:
         lines.append(
             f"  missing   {status.unaccounted} image(s) in no job (stopped, cancelled or deleted): "

@@ -39,7 +39,8 @@ OVERRIDES = {
     "DiffqWorker.execute_job": "RQ's, plus: Redis gone on the way out ends the process with its own status",
     "DiffqWorker.bootstrap": "RQ's, plus the keeper thread (heartbeats during a job, recovery, retries due)",
     "DiffqWorker.teardown": "RQ's, plus the writer's last job completed, every Redis call bounded",
-    "DiffqWorker.clean_registries": "RQ's, after diffq's recovery, which re-queues without using a retry",
+    "DiffqWorker.clean_registries": "diffq's recovery, which re-queues without using a retry, then RQ's "
+    "maintenance without its clean-ups of started and intermediate jobs (they use a retry or fail the job)",
     "DiffqWorker.handle_exception": "one line per failure, not RQ's traceback per job; the failure handler",
     "DiffqWorker.handle_job_failure": "a worker's own environment (disk, model) gives the job back, no retry used",
     "DiffqWorker.handle_job_success": "a job whose tail the writer has is completed when the writer is done",

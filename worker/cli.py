@@ -115,7 +115,9 @@ def run(**opts: Any) -> None:
         lease = None
         # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the
         # lease), and end even with Redis down: the lease's renewal is retrying meanwhile
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        from worker.supervision.launch import STOP_SIGNALS  # no torch there: it runs before the GPU is pinned
+
+        for signum in STOP_SIGNALS:
             signal.signal(signum, _exit_while_starting)
         _quiet_libraries()
         logging.basicConfig(level=settings.log_level, format=_log_format(settings.gpu_label))
@@ -247,7 +249,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
 def launch(gpus: str, **opts: Any) -> None:
     """Start one pinned `worker run` per GPU, prefix their logs, restart crashed ones.
 
-    Ctrl-C / SIGTERM: every worker finishes its current job and exits; a second one stops now.
+    Ctrl-C / SIGTERM / SIGHUP: every worker finishes its current job and exits; a second one stops now.
     """
     from worker.supervision.launch import Launcher, parse_gpus
 

@@ -19,11 +19,12 @@ import logging
 import time
 
 import redis
+from rq import worker_registration
 from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.registry import ScheduledJobRegistry, StartedJobRegistry
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.results import Result
 from rq.utils import parse_composite_key
 
@@ -33,6 +34,22 @@ from common.rq_keys import rq_names
 log = logging.getLogger("diffq.worker")
 
 MAX_ABANDONED = 3
+
+
+def maintain(queue: Queue) -> None:
+    """RQ's registry maintenance (``rq.registry.clean_registries``) without its two clean-ups of
+    work in flight: ``StartedJobRegistry.cleanup`` retries a dead worker's job with one of its
+    retries or fails it (``AbandonedJobError``), and the intermediate list's fails a job stuck
+    there. Both are this module's, which give the job back untouched (:func:`requeue_abandoned`).
+    Expired entries of the finished and failed registries and dead workers' keys go as in RQ."""
+    if not queue.acquire_maintenance_lock():
+        return
+    try:
+        for registry in (FinishedJobRegistry, FailedJobRegistry):
+            registry(queue.name, connection=queue.connection, serializer=queue.serializer).cleanup()
+        worker_registration.clean_worker_registry(queue)
+    finally:
+        queue.release_maintenance_lock()
 
 
 def give_back(queue: Queue, job: Job, reason: str, *, at_front: bool = True) -> None:
@@ -167,9 +184,11 @@ def unfinished_elsewhere(queues: list[Queue], ttl: float, me: str, poll_s: float
     """Work of ``queues`` that is not over (:func:`common.reconcile.left`): jobs scheduled for a
     retry (seconds until the first is due), running on other workers (which may die and have
     their job re-queued), being started, or lost (re-queued here and now). A burst worker waits
-    for all of them, ``poll_s`` at a time, before it calls the queue drained; None: nothing left."""
+    for all of them, ``poll_s`` at a time, before it calls the queue drained; None: nothing left.
+    An enqueue of the campaign still reading its file is work to come: it waits for that too."""
     earliest: float | None = None
     running = starting = 0
+    reading: list[str] = []
     for queue in queues:
         state = left(queue.connection, queue.name, ttl=ttl, me=me, lane=queue.name)
         if state.lost:
@@ -182,10 +201,13 @@ def unfinished_elsewhere(queues: list[Queue], ttl: float, me: str, poll_s: float
             earliest = at if earliest is None else min(earliest, at)
         running += state.running + state.lost
         starting += state.starting
+        reading += [run.describe(ttl) for run in state.enqueuing]
     if earliest is not None:
         return earliest - time.time(), "a retry is scheduled"
     if running:
         return poll_s, f"{running} job(s) still run on other workers"
     if starting:
         return poll_s, f"{starting} job(s) taken by other workers and not started yet"
+    if reading:
+        return poll_s, reading[0]
     return None, ""

@@ -40,6 +40,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
+from rq.utils import now as utcnow
 from rq.worker import WorkerStatus
 from rq.worker.base import SHUTDOWN_SIGNAL
 
@@ -55,7 +56,7 @@ from worker.serving.failures import classify, record_failure
 from worker.serving.keeper import Keeper
 from worker.serving.overlap import Pending, Writer
 from worker.serving.pause import Pause
-from worker.serving.recovery import give_back, requeue_abandoned, unfinished_elsewhere
+from worker.serving.recovery import give_back, maintain, requeue_abandoned, unfinished_elsewhere
 from worker.serving.runtime import Runtime
 from worker.serving.signals import SignalWatcher
 from worker.serving.states import Running, State, States
@@ -189,10 +190,13 @@ class DiffqWorker(SimpleWorker):
 
     def clean_registries(self) -> None:
         """At start and between jobs (the main thread holds no job in RQ's intermediate list
-        then): what is lost goes back to the queue, at once where no other worker is alive."""
+        then): what is lost goes back to the queue, at once where no other worker is alive;
+        then RQ's maintenance of the other registries, never its clean-up of started jobs
+        (:func:`worker.serving.recovery.maintain`)."""
         for queue in self.queues:
             requeue_abandoned(queue, stuck_after_s=self.heartbeat_ttl, me=self.name)
-        super().clean_registries()
+            maintain(queue)
+        self.last_cleaned_at = utcnow()
 
     # -- signals ----------------------------------------------------------------------------
 

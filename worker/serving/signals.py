@@ -1,4 +1,4 @@
-"""Ctrl-C / SIGTERM that are heard at once, whatever the job is doing.
+"""Ctrl-C / SIGTERM / SIGHUP that are heard at once, whatever the job is doing.
 
 Python runs a signal handler only in the main thread, between two bytecodes: while the main
 thread is inside one long C call (loading a model, a VAE decode at 4096², a big convolution)
@@ -27,7 +27,9 @@ from types import FrameType
 
 log = logging.getLogger("diffq.worker")
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: the signals that stop a worker: Ctrl-C, SIGTERM (compose, Slurm, a launcher) and SIGHUP (its
+#: terminal closed, an ssh session dropped), each a warm stop first
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: a repeat of the signal within this many seconds is the same request, delivered twice
 REPEAT_S = 1.0
 

@@ -28,6 +28,9 @@ from typing import TextIO
 
 from common.errors import ConfigError
 
+#: what stops the launcher and, forwarded as SIGTERM, its workers: Ctrl-C, SIGTERM and SIGHUP (a
+#: closed terminal), as a worker's own (``worker.serving.signals.SIGNALS``)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 MAX_BACKOFF_S = 60.0
 STABLE_AFTER_S = 60.0
 KILL_GRACE_S = 30.0
@@ -174,8 +177,8 @@ class Launcher:
         self.say("*", f"launcher: {signal.Signals(signum).name}: {kind} shutdown of all workers")
 
     def run(self) -> int:
-        signal.signal(signal.SIGINT, self.request_stop)
-        signal.signal(signal.SIGTERM, self.request_stop)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.request_stop)
         for slot in self.slots:
             self._start(slot)
         while not all(s.finished for s in self.slots):
