@@ -10,10 +10,10 @@ and the flags, so the same enqueue run again from any host is the same entry) to
 the file, the host and pid, rows read so far, rows in the file when known, and a heartbeat the
 producer refreshes every :data:`BEAT_S` seconds (a third of the heartbeat TTL, if less) from a
 thread of its own. The entry is removed
-when the enqueue has read its whole file (or ``producer cancel`` ended it). One that ended
-mid-file on Ctrl-C or an error marks its entry stopped; one whose heartbeat is older than the
-heartbeat TTL belongs to a producer that died or is paused mid-file. Either way the campaign is
-not complete until that enqueue is run again.
+when the enqueue has read its whole file. One that ended mid-file (Ctrl-C, ``producer
+cancel``, an error) marks its entry stopped; one whose heartbeat is older than the heartbeat
+TTL belongs to a producer that died or is paused mid-file. Either way the campaign is not
+complete until that enqueue is run again (as a cancelled job's images are missing until then).
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import redis
-
-from common.errors import CampaignCancelled
 
 #: how often a running enqueue refreshes its entry, at most (and three times per heartbeat TTL)
 BEAT_S = 5.0
@@ -126,14 +124,14 @@ class EnqueueRecord:
                 continue
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        """The file was read whole, or a cancel ended the enqueue: the entry goes. Ended
-        mid-file otherwise (Ctrl-C, Redis down, an error): the entry stays, marked stopped
-        where Redis still answers, so the campaign is not called complete without those rows."""
+        """The file was read whole: the entry goes. Ended mid-file (Ctrl-C, Redis down, a
+        ``producer cancel``, an error): the entry stays, marked stopped where Redis still
+        answers, so the campaign is not called complete without the rows it did not queue."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.beat_s + 5)
         try:
-            if exc is None or isinstance(exc, CampaignCancelled):
+            if exc is None:
                 self.conn.hdel(self.key, self.run.id)
             else:
                 self.run.stopped = True

@@ -26,7 +26,6 @@ from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry, DeferredJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
-from common.enqueues import enqueues_key
 from common.lanes import lanes
 from common.queues import cancelled_key, get_queue
 from common.reconcile import intermediate_key, left, spec_images
@@ -72,10 +71,7 @@ def cancel(conn: redis.Redis, queue: str, *, ttl: float, dry_run: bool = False) 
     (:mod:`common.lanes`; see the module docstring)."""
     report = CancelReport()
     if not dry_run:
-        conn.set(cancelled_key(queue), time.time())
-        # a running enqueue sees the cancel and stops; entries of enqueues that stopped mid-file
-        # go: the same enqueue run again resumes the campaign and writes its own
-        conn.delete(enqueues_key(queue))
+        conn.set(cancelled_key(queue), time.time())  # a running enqueue sees it, stops, says where
     for lane in lanes(queue):
         _cancel_lane(conn, lane, report, ttl=ttl, dry_run=dry_run)
     return report

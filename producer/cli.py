@@ -29,7 +29,6 @@ from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.lanes import group_lane, lanes
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key, refusal
-from common.reconcile import left
 from common.settings import Settings, is_placeholder, redact
 from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
@@ -275,11 +274,9 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
     click.echo("\n".join(describe_check(report, output, settings.queue)))
     if report.clean:
         unfinished = report.in_flight + report.failed
-        place = left(conn, settings.queue, ttl=settings.heartbeat_ttl)  # the campaign: common.reconcile
+        campaign = collect(conn, settings.queue, details=False, stale_after_s=settings.heartbeat_ttl)
         why = [f"{unfinished} item(s) still queued, running or failed"] if unfinished else []
-        why += [run.describe(settings.heartbeat_ttl) for run in (*place.enqueuing, *place.enqueues_stopped)]
-        if not why and not place.complete:
-            why.append(f"{place.pending} job(s) not over, {place.images_missing} image(s) of the campaign not written")
+        why += campaign.not_complete()  # the campaign as status, wait and the metrics see it
         click.echo("clean: the output equals the ledger" + (f"; not finished: {'; '.join(why)}" if why else ""))
         return
     if not repair:
@@ -403,7 +400,7 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             eta=st.eta_s,
             extra=_wait_extra(st),
         )
-        if st.settled:  # no job pending and no enqueue still reading its file
+        if wait_verdict(st) is not None:
             break
         now = time.monotonic()
         state = (st.images_written, round(st.images_in_progress, 3), st.finished, st.failed, st.queued, st.running,
@@ -447,6 +444,14 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
     if not st.enqueues_stopped:
         click.echo(f"queue {settings.queue!r} is not complete: " + "; ".join(st.not_complete()), err=True)
     sys.exit(1)
+
+
+def wait_verdict(st: QueueStatus) -> int | None:
+    """What ``producer wait`` does with ``st``: go on waiting (None) while a job is pending or an
+    enqueue still reads its file; then exit 0 if the campaign is complete, else 1."""
+    if not st.settled:
+        return None
+    return 0 if st.complete else 1
 
 
 def _wait_extra(st: QueueStatus) -> str:

@@ -20,6 +20,8 @@ from rq import Queue
 from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, campaign_of
 from producer.status import collect
 
+#: the keys of campaigns' enqueues in progress (common.enqueues.enqueues_key)
+ENQUEUES = "diffq:*:enqueues"
 #: the states ``diffq_jobs`` has, in the order ``producer status`` prints them
 STATES = ("queued", "starting", "running", "retrying", "lost", "finished", "failed", "cancelled")
 
@@ -31,8 +33,15 @@ class QueueCollector(Collector):
         self.conn, self.ttl, self.queues = conn, ttl, queues
 
     def collect(self) -> Iterator[Metric]:
-        # a campaign's group lane is its own RQ queue; the campaign is one series
-        names = self.queues or sorted({campaign_of(q.name) for q in Queue.all(connection=self.conn)})
+        # a campaign's group lane is its own RQ queue; the campaign is one series. A campaign whose
+        # enqueue has queued nothing yet has no RQ queue, only its enqueue's entry: it is listed too
+        names = self.queues or sorted(
+            {campaign_of(q.name) for q in Queue.all(connection=self.conn)}
+            | {
+                key.decode()[len("diffq:") : -len(":enqueues")]
+                for key in self.conn.scan_iter(match=ENQUEUES, count=1000)
+            }
+        )
         jobs = GaugeMetricFamily("diffq_jobs", "Jobs by place (as producer status)", labels=["queue", "state"])
         enqueued = _gauge("diffq_images_enqueued", "Images of the campaign (every item ever queued)")
         written = _gauge("diffq_images_written", "Images written and recorded (the ledger's count)")
