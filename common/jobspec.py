@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from common.errors import InvalidJobSpec
+from common.samplers import SAMPLERS, SPACINGS, check_sampler, check_spacing
 
 SPEC_VERSION = 1
 
@@ -130,6 +131,14 @@ class GenParams:
         5.0, float, "float64", partial(_check_float, lo=0.0, hi=MAX_GUIDANCE),
         flag="Classifier-free guidance, for rows without a guidance cell",
     )  # fmt: skip
+    sampler: str | None = _param(
+        None, str, "string", check_sampler,
+        flag=f"Sampler ({', '.join(SAMPLERS)}), for rows without a sampler cell; none: the model's own",
+    )  # fmt: skip
+    timestep_spacing: str | None = _param(
+        None, str, "string", check_spacing,
+        flag=f"The sampler's timestep spacing ({', '.join(SPACINGS)}); none: the sampler's own",
+    )  # fmt: skip
 
     def validate(self) -> GenParams:
         for f in fields(self):
@@ -157,7 +166,12 @@ class GenParams:
 
     def short(self) -> str:
         adapter = f" · {self.adapter}@{self.adapter_scale:g}" if self.adapter else ""
-        return f"{self.width}x{self.height} · {self.steps} steps · cfg {self.guidance:g} · {self.model}{adapter}"
+        sampler = f" · {self.sampler}" if self.sampler else ""
+        spacing = f" ({self.timestep_spacing})" if self.timestep_spacing else ""
+        return (
+            f"{self.width}x{self.height} · {self.steps} steps · cfg {self.guidance:g}{sampler}{spacing} · "
+            f"{self.model}{adapter}"
+        )
 
 
 #: every generation parameter by name, in declaration order

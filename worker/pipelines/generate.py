@@ -19,7 +19,7 @@ from PIL import Image
 
 from common.errors import OutOfMemory, PermanentJobError
 from common.jobspec import GenParams
-from worker.pipelines import empty_negative
+from worker.pipelines import empty_negative, samplers
 
 log = logging.getLogger("diffq.worker")
 
@@ -62,6 +62,7 @@ def run_batch(
     seeds: list[int],
     on_step: Callable[[int, int], None] | None = None,
 ) -> BatchResult:
+    samplers.use(pipe, params.sampler, params.timestep_spacing)  # the job's sampler: no reload, no recompile
     if is_flux(pipe):
         return _run_flux_batch(pipe, params, prompts, seeds, on_step)
     device = pipe._execution_device
