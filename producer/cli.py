@@ -29,6 +29,7 @@ from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.lanes import group_lane, lanes
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key, refusal
+from common.recipes import RECIPES, recipe
 from common.settings import Settings, is_placeholder, redact
 from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
@@ -105,6 +106,11 @@ def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--model", help=f"Hub id, local folder, or preset ({', '.join(MODEL_PRESETS)}) [SDXL base 1.0].")
 @param_flags
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
+@click.option(
+    "--recipe",
+    help=f"A few-step model's settings ({', '.join(RECIPES)}): steps, guidance, sampler, "
+    "spacing and size for what cells and flags leave open (docs/usage.md has each one's licence).",
+)
 @click.option("--num-images", type=int, default=_default(PromptItem, "num_images"), show_default=True,
               help="Images per prompt, for rows without a num_images cell.")  # fmt: skip
 @click.option("--output", help="Folder, or s3:// (any fsspec) URL, the workers write images to "
@@ -153,7 +159,14 @@ def enqueue(file: Path, **opts: Any) -> None:
         num_images=opts["num_images"],
         seed=opts["seed"],
         check_paths=not opts["no_path_checks"],
+        recipe=opts["recipe"],
+        given=frozenset(name for name in PARAM_DEFAULTS if opts[name] is not None),
     )
+    if defaults.recipe:
+        try:
+            recipe(defaults.recipe)
+        except InvalidJobSpec as exc:
+            raise ConfigError(f"--recipe: {exc}") from None
     check_model(settings.model)
     _check_flags(defaults)
     if defaults.adapter:
@@ -172,7 +185,10 @@ def enqueue(file: Path, **opts: Any) -> None:
         click.echo(f"{file}: checked before (same content, same flags); not checked again", err=True)
     else:
         check = Progress("checking", total_rows, "rows")
-        rows = check_file(file, defaults, on_row=check.advance)
+        warnings: list[str] = []
+        rows = check_file(file, defaults, on_row=check.advance, warnings=warnings)
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
         if conn is not None and fingerprint:
             conn.sadd(checked_key(settings.queue), fingerprint)
     if opts["dry_run"]:

@@ -86,8 +86,15 @@ class EnqueueReport:
     images: int = 0
 
 
-def check_file(path: Path, defaults: RowDefaults, on_row: Callable[[], None] | None = None) -> int:
-    """Validate every row; return the number of rows, or raise listing the bad ones."""
+def check_file(
+    path: Path,
+    defaults: RowDefaults,
+    on_row: Callable[[], None] | None = None,
+    warnings: list[str] | None = None,
+) -> int:
+    """Validate every row; return the number of rows, or raise listing the bad ones. Rows that
+    run a known few-step adapter or model against its recipe are added to ``warnings``
+    (``FILE:LINE: ...``), the first few of them."""
     errors: list[RowError] = []
     ids: dict[str, tuple[str, int]] = {}
     rows = 0
@@ -98,6 +105,8 @@ def check_file(path: Path, defaults: RowDefaults, on_row: Callable[[], None] | N
             errors.append(result)
             continue
         rows += 1
+        if result.warning and warnings is not None and len(warnings) < MAX_ERRORS_SHOWN:
+            warnings.append(f"{path}:{result.line}: {result.warning}")
         row_id = result.item.id
         if row_id is not None:
             key = item_key(result.params, result.item)

@@ -21,13 +21,16 @@ from common.errors import InputFileError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.naming import derived_seed
 from common.presets import adapter_path
+from common.recipes import contradictions, recipe, recognised
 
 #: a row's own columns (:class:`PromptItem`) and how each is read
 ITEM_COLUMNS: dict[str, type] = {"prompt": str, "negative_prompt": str, "seed": int, "num_images": int, "id": str}
 #: the generation parameters a row may set: all of :class:`GenParams` but the model (a flag's)
 PARAM_COLUMNS: dict[str, type] = {name: p.kind for name, p in PARAMS.items() if name != "model"}
-COLUMNS = (*ITEM_COLUMNS, *PARAM_COLUMNS)
-_KINDS = {**ITEM_COLUMNS, **PARAM_COLUMNS}
+#: a row's recipe (common/recipes.py): settings for the parameters its cells leave empty
+RECIPE_COLUMNS: dict[str, type] = {"recipe": str}
+COLUMNS = (*ITEM_COLUMNS, *PARAM_COLUMNS, *RECIPE_COLUMNS)
+_KINDS = {**ITEM_COLUMNS, **PARAM_COLUMNS, **RECIPE_COLUMNS}
 INT_COLUMNS = {name for name, kind in _KINDS.items() if kind is int}
 FLOAT_COLUMNS = {name for name, kind in _KINDS.items() if kind is float}
 TEXT_COLUMNS = {name for name, kind in _KINDS.items() if kind is str}
@@ -49,6 +52,9 @@ RowDefaults = make_dataclass(
         ("num_images", int, field(default=PromptItem.__dataclass_fields__["num_images"].default)),
         ("seed", int | None, field(default=None)),
         ("check_paths", bool, field(default=True)),
+        # --recipe (a row's recipe cell wins), and the parameters a flag gave, which win over a recipe
+        ("recipe", str | None, field(default=None)),
+        ("given", frozenset, field(default=frozenset())),
     ],
     frozen=True,
     kw_only=True,
@@ -61,6 +67,8 @@ class Row:
     line: int
     params: GenParams
     item: PromptItem
+    #: a known few-step adapter or model run against its recipe (said at enqueue, not refused)
+    warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,13 +111,22 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
     adapter = values.get("adapter", defaults.adapter)
     if adapter:
         adapter = _adapter_path(adapter, defaults.check_paths)
+    named = values.get("recipe", defaults.recipe)
+    settings = recipe(named).settings() if named else {}
+
+    def value(name: str) -> Any:
+        """A cell, else a flag given, else the recipe's, else the default (a preset's own)."""
+        if name in values:
+            return values[name]
+        if name in settings and name not in defaults.given:
+            return settings[name]
+        return getattr(defaults, name)
+
     params = _params(
         model=defaults.model,
         adapter=adapter,
-        **{  # a cell, else the flag; a parameter that needs an adapter keeps its default without one
-            name: _kind(kind, values.get(name, getattr(defaults, name)))
-            if adapter or not PARAMS[name].with_adapter
-            else PARAM_DEFAULTS[name]
+        **{  # a parameter that needs an adapter keeps its default without one
+            name: _kind(kind, value(name)) if adapter or not PARAMS[name].with_adapter else PARAM_DEFAULTS[name]
             for name, kind in PARAM_COLUMNS.items()
             if name != "adapter"
         },
@@ -127,7 +144,19 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         num_images=values.get("num_images", defaults.num_images),
         id=row_id,
     ).validate()
-    return Row(line=line, params=params, item=item)
+    return Row(line=line, params=params, item=item, warning=_against_recipe(params, named))
+
+
+def _against_recipe(params: GenParams, named: str | None) -> str | None:
+    """A known few-step adapter or model whose row contradicts its recipe, in one line."""
+    found = recognised(params.adapter, params.model)
+    if found is None or named == found[0]:
+        return None
+    said = contradictions(found[1], params.__dict__)
+    if not said:
+        return None
+    what = f"adapter {Path(params.adapter).name!r}" if recognised(params.adapter) else f"model {params.model!r}"
+    return f"{what} looks like {found[1].what}, run with {', '.join(said)}: --recipe {found[0]} (or a recipe cell)"
 
 
 def _kind(kind: type, value: Any) -> Any:
