@@ -138,6 +138,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             str(args.size),
             "--output",
             str(out_dir),
+            *(["--sampler", args.sampler] if args.sampler else []),
+            *(["--timestep-spacing", args.timestep_spacing] if args.timestep_spacing else []),
         ],
         env=env,
         cwd=ROOT,
@@ -203,6 +205,11 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "size": args.size,
         "steps": args.steps,
         "guidance": args.guidance,
+        "sampler": args.sampler or "",  # empty: the model's own
+        "timestep_spacing": args.timestep_spacing or "",
+        "negative_prompt": "",  # the prompts file has none
+        "image_format": "png",
+        "commit": os.environ.get("BENCH_COMMIT", ""),
         "adapters": adapters,
         "compiles_first_job": ordered[0].return_value().get("compiles"),
         "compiles_after_first_job": sum(j.return_value().get("compiles", 0) for j in ordered[1:]),
@@ -258,6 +265,8 @@ def main() -> None:
     ap.add_argument(
         "--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter"
     )
+    ap.add_argument("--sampler", default="", help="the rows' sampler (common/samplers.py); empty: the model's own")
+    ap.add_argument("--timestep-spacing", default="", help="the sampler's spacing (leading, linspace, trailing)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
