@@ -169,7 +169,7 @@ os._exit(0)
 @pytest.mark.parametrize(
     "ranks,how",
     [
-        (2, "all_gather"),
+        pytest.param(2, "all_gather", marks=pytest.mark.long),
         pytest.param(4, "all_gather", marks=pytest.mark.long),
         pytest.param(2, "pull", marks=pytest.mark.long),
         (2, "bshd"),

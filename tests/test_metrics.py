@@ -41,6 +41,7 @@ def _query(port: int, expr: str) -> float | None:
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_a_real_prometheus_scrapes_the_queue_and_the_worker_and_agrees_with_the_ledger(env, conn, tmp_path):
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: make install (Debian's prometheus package)"

@@ -49,6 +49,7 @@ def _enqueue(tmp_path, n_jobs: int):
 
 
 @pytest.mark.worker
+@pytest.mark.long
 def test_the_next_job_denoises_while_the_writer_holds_the_last_ones_images(env, conn, tmp_path):
     out = _enqueue(tmp_path, 3)
     ids = list(get_queue("diffq", conn).job_ids)

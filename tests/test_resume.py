@@ -19,6 +19,7 @@ from worker.output.images import remove_stale_temps, temp_dir, write_atomic
 pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts
 
 
+@pytest.mark.long
 def test_rerun_after_a_partial_run_enqueues_only_what_is_missing(env, conn, tmp_path):
     path = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"resume prompt {i}\n" for i in range(8)))
     out = tmp_path / "out"

@@ -75,7 +75,7 @@ os._exit(0)
 @pytest.mark.parametrize(
     ("ranks", "compiled"),
     [
-        (2, "eager"),
+        pytest.param(2, "eager", marks=pytest.mark.long),
         pytest.param(4, "eager", marks=pytest.mark.long),
         pytest.param(2, "compiled", marks=pytest.mark.long),
     ],

@@ -32,8 +32,8 @@ def running(pid: int) -> bool:
 @pytest.mark.parametrize(
     ("signum", "case"),
     [
-        (signal.SIGINT, "servers_and_a_worker_process"),
-        (signal.SIGTERM, "a_worker_in_pytests_own_process"),
+        pytest.param(signal.SIGINT, "servers_and_a_worker_process", marks=pytest.mark.long),
+        pytest.param(signal.SIGTERM, "a_worker_in_pytests_own_process", marks=pytest.mark.long),
         (signal.SIGKILL, "servers_and_a_worker_process"),
     ],
 )
