@@ -6,7 +6,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-long test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
+.PHONY: install demo test test-long test-soak test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
 
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
@@ -41,7 +41,11 @@ test: install
 
 # the long variants and the full fault matrix: what make test leaves out (CI runs it too)
 test-long: install
-	$(BIN)/pytest -q -m long --durations=25
+	$(BIN)/pytest -q -m "long and not soak" --durations=25
+
+# repeated rounds, scale and the slowest recoveries: before a release and after touching recovery (not in CI)
+test-soak: install
+	$(BIN)/pytest -q -m soak --durations=25
 
 test-all: install
 	$(BIN)/pytest -q --durations=25

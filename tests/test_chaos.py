@@ -94,6 +94,7 @@ class Fleet:
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_chaos_every_image_exactly_once(env, tmp_path, monkeypatch, aof_redis):
     rng = random.Random(SEED)
     server = aof_redis

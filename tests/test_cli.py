@@ -96,6 +96,7 @@ def test_wait_gives_up_when_nothing_moves_and_says_why(env, conn, tmp_path):
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_dead_workers_leave_status_within_the_heartbeat_ttl(env, conn, tmp_path):
     env = {**env, "DIFFQ_HEARTBEAT_TTL": "6"}
     worker = start_worker(env, tmp_path / "w.log", "--name", "gone-soon")

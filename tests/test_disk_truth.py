@@ -118,6 +118,7 @@ def test_a_disk_that_fills_while_a_job_records_pauses_the_worker_and_costs_no_re
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_deleted_output_folder_is_made_again_with_its_lines(env, conn, tmp_path):
     out = tmp_path / "out"
     rows = write_csv(tmp_path / "p.csv", "prompt\nfolder a\nfolder b\n")
@@ -145,6 +146,7 @@ def test_a_deleted_output_folder_is_made_again_with_its_lines(env, conn, tmp_pat
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_bucket_that_lost_images_and_metadata_parts_gets_both_back(env, conn, tmp_path, s3_server, bucket):
     from test_object_storage import images_and_lines
 

@@ -110,6 +110,7 @@ def test_a_cfg_pairs_halves_get_their_own_zero_rows():
 
 @pytest.mark.long  # two CPU compiles of the UNet, 3 min: `make test-all`
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_compiled_worker_warms_up_once_for_each_kind_of_negative_prompt(cache_dir, plain):
     """Under the lever a batch with an empty negative and one with a negative prompt run two
     graphs: each kind gets its warm-up (shown as the job's state) once, the same images as the

@@ -69,6 +69,7 @@ def test_full_then_read_only_disk_pauses_the_worker_and_loses_no_job(env, conn, 
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_model_no_worker_loads_fails_only_once_two_workers_failed_it_the_same_way(env, conn, tmp_path):
     bad = write_csv(tmp_path / "bad.csv", "prompt\n" + "".join(f"bad model {i}\n" for i in range(6)))
     flags = ("--width", "64", "--height", "64", "--steps", "3", "--chunk-size", "1")

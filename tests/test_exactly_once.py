@@ -72,6 +72,7 @@ def test_a_producer_that_loses_the_race_between_lookup_and_queue_adds_nothing(en
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_two_copies_of_a_job_popped_at_once_record_once(env, conn, tmp_path):
     path = rows_file(tmp_path, 8)
     out = tmp_path / "out"
@@ -105,6 +106,7 @@ def test_a_worker_that_lost_its_job_records_nothing(conn, tmp_path):
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_stalled_worker_past_the_ttl_comes_back_and_records_nothing(env, conn, tmp_path):
     env = {**env, "DIFFQ_HEARTBEAT_TTL": "6"}
     out = tmp_path / "out"
@@ -150,6 +152,7 @@ def test_counter_equals_files_after_a_rerun_of_a_done_file(env, conn, tmp_path):
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_job_longer_than_twice_the_heartbeat_ttl_runs_once(env, conn, tmp_path):
     """The keeper renews the heartbeat of a long job: the other worker never takes it over."""
     env = {**env, "DIFFQ_HEARTBEAT_TTL": "6", "OMP_NUM_THREADS": "1"}

@@ -51,6 +51,7 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60)
 
 
 @pytest.mark.long
+@pytest.mark.soak
 def test_sigkill_mid_job_is_requeued_within_90s_and_the_other_worker_finishes_it(env, conn, tmp_path):
     """The promise is the re-queue: within the heartbeat TTL (30 s) and a reaper pass (10 s) of
     the kill, measured by the job's own re-enqueue time. When the other worker then gets to it
@@ -125,6 +126,7 @@ def test_second_signal_stops_at_once_and_requeues_the_job_at_the_front(env, conn
 
 
 @pytest.mark.long
+@pytest.mark.soak
 def test_redis_restart_loses_nothing_and_workers_and_wait_reconnect(env, aof_redis, tmp_path):
     env = {**env, "REDIS_URL": aof_redis.url}
     os.environ["REDIS_URL"] = aof_redis.url  # the in-process producer

@@ -304,6 +304,7 @@ def _running(conn: redis.Redis, min_step: int = 3) -> Job | None:
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -336,6 +337,7 @@ def test_killing_rank_1_ends_the_group_and_the_job_completes_after_restart(
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_stuck_rank_0_gives_the_job_back_when_a_peer_dies(
     env: dict[str, str], conn: redis.Redis, tmp_path: Path
 ) -> None:
@@ -390,6 +392,7 @@ def test_sigterm_finishes_the_current_job_on_all_ranks(env: dict[str, str], conn
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_sigterm_with_redis_down_ends_every_rank_within_40s(
     env: dict[str, str], tmp_path: Path, aof_redis: RedisServer
 ) -> None:

@@ -138,6 +138,7 @@ def test_ctrl_c_under_tee_stops_the_children(env, conn, tmp_path):
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_launch_stops_within_30s_of_sigterm_with_redis_down(env, tmp_path, aof_redis):
     """Stopping wins over Redis for the launcher too: its children give up on a dead Redis
     within their grace and exit, and so does the launcher; the jobs come back by heartbeat."""

@@ -132,6 +132,7 @@ def test_a_signal_stops_a_starting_leasing_worker_while_redis_is_down(env, tmp_p
 
 
 @pytest.mark.long
+@pytest.mark.soak
 def test_scaled_workers_get_distinct_gpus_and_a_dead_holders_gpu_is_freed(env, conn, tmp_path):
     env = {**env, "DIFFQ_LEASE_SCOPE": "testhost", "DIFFQ_GPU_LEASE": "0,1"}
     procs = [start_worker(env, tmp_path / f"w{i}.log") for i in range(3)]

@@ -17,6 +17,7 @@ DRAIN = 200
 
 
 @pytest.mark.long
+@pytest.mark.soak
 def test_200k_jobs_fit_in_2kib_each_and_status_answers(env, conn, tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFQ_QUEUE", "load")
     path = tmp_path / "load.csv"

@@ -133,6 +133,7 @@ def test_the_producer_refuses_a_bad_s3_output_with_one_line(
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_worker_killed_mid_job_on_s3_loses_nothing_and_repeats_nothing(env, conn, tmp_path, s3_server, bucket):
     url = f"s3://{bucket}/out"
     assert producer("enqueue", prompts(tmp_path, 8), *SLOW, "--output", url, "--chunk-size", "4").exit_code == 0
@@ -211,6 +212,7 @@ class Cuttable:
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_worker_that_loses_the_endpoint_pauses_and_resumes_without_failing_jobs(
     env, conn, tmp_path, s3_server, bucket
 ):

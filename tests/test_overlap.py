@@ -133,6 +133,7 @@ def test_a_full_disk_found_by_the_writer_gives_the_job_back_and_pauses(env, conn
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_cold_stop_gives_back_the_job_in_the_writer_and_the_running_one(env, conn, tmp_path):
     out = _enqueue(tmp_path, 3)
     ids = list(get_queue("diffq", conn).job_ids)

@@ -48,6 +48,7 @@ def test_enqueue_keeps_at_most_max_queued_jobs_and_waits_for_room(conn, tmp_path
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_campaign_killed_while_waiting_for_room_resumes_with_every_image_once(env, conn, tmp_path):
     path = prompts(tmp_path, 24)
     out = tmp_path / "out"

@@ -46,6 +46,7 @@ def job(cache: WarmPipelines, n: int, adapter=None, scale=1.0, max_batch=4, hear
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_compiled_worker_builds_no_graph_after_warm_up_across_batch_sizes_and_adapters(cache_dir):
     """The first job compiles one static graph per region at its batch size; tail chunks are
     padded up to it, a DoRA adapter (which failed on compiled blocks before adapters were
@@ -172,6 +173,7 @@ print("hits", counters["inductor"]["fxgraph_cache_hit"], "misses", counters["ind
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_restarted_worker_compiles_from_the_hosts_cache(tmp_path, cache_dir):
     """The first worker on a host compiles its graphs' kernels and leaves them under
     ``$DIFFQ_CACHE/inductor``; the next worker's warm-up finds every graph there."""
@@ -265,6 +267,7 @@ def assert_compiled_matches_eager(eager: Any, compiled: Any, params: GenParams) 
 
 @pytest.mark.long
 @pytest.mark.slow  # torch.compile of a FLUX transformer on the CPU: half a minute on a busy box
+@pytest.mark.soak
 def test_compile_blocks_compiles_a_flux_transformers_blocks_and_changes_no_pixel():
     """The DiT path of ``compile-blocks`` (xDiT groups run FLUX): each repeated block compiled
     regionally, the images those of the eager pipeline, and a second batch builds no graph."""
@@ -384,6 +387,7 @@ def test_the_groups_attention_reads_fused_projections(kind):
 
 @pytest.mark.long
 @pytest.mark.slow
+@pytest.mark.soak
 def test_compile_vae_decodes_the_same_images_and_builds_no_graph_after_warm_up(cache_dir):
     eager = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
     compiled = WarmPipelines(str(cache_dir), device="cpu", speedups="compile-vae")

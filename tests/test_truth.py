@@ -208,6 +208,7 @@ def test_sigkill_in_every_phase_of_a_job_loses_nothing_and_no_tool_says_done_ear
 @pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("round_no", range(3, 10))
+@pytest.mark.soak
 def test_sigkill_matrix_seven_more_rounds(env, conn, tmp_path, round_no):
     """With the three rounds above, ten in ``make test-all``."""
     _kill_round(env, conn, tmp_path, round_no)

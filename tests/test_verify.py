@@ -74,6 +74,7 @@ def test_verify_finds_every_kind_of_damage_and_repair_leaves_a_clean_output(env,
 
 
 @pytest.mark.long
+@pytest.mark.soak
 def test_verify_and_repair_an_s3_output_that_lost_images_lines_and_parts(env, conn, tmp_path, s3_server, bucket):
     url = f"s3://{bucket}/out"
     campaign(env, tmp_path, 6, url, tuple(s3_server.env().items()))
