@@ -44,9 +44,9 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.utils import parse_composite_key
-from rq.worker import Worker
 
 from common.enqueues import EnqueueRun, enqueues_key, runs_of
+from common.heartbeats import beating, seen_workers
 from common.lanes import campaign_of, is_group_lane, lanes
 from common.queues import enqueued_key, images_key
 from common.rq_keys import rq_names
@@ -112,13 +112,7 @@ def is_complete(pending: int, enqueuing: int, enqueues_stopped: int, images_miss
 def live_workers(conn: redis.Redis, queue: str, ttl: float, now: float | None = None) -> set[str]:
     """Names of the workers of ``queue`` heard from in the last ``ttl`` seconds (a killed
     worker's key lingers until its own TTL; its last heartbeat tells)."""
-    now = time.time() if now is None else now
-    live = set()
-    for worker in Worker.all(connection=conn, queue=Queue(queue, connection=conn)):
-        beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
-        if now - beat <= ttl:
-            live.add(worker.name)
-    return live
+    return {worker.name for worker in seen_workers(conn, queue) if beating(worker, ttl, now)}
 
 
 def left(

@@ -23,17 +23,21 @@ import signal
 import sys
 from typing import Any
 
-from rq import Queue, Worker
+from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from common.heartbeats import SeenWorker
 
-class JSONWorker(Worker):
+
+class JSONWorker(SeenWorker):
     """``rq.Worker`` read back with the JSON serializer unless told otherwise, and read only:
     RQ's ``get_current_executions`` (which ``get_current_job`` calls) removes the executions that
-    expired from the worker's set, so the Workers page of a dead worker changed Redis."""
+    expired from the worker's set, and its ``Worker.all`` removes an expired worker from
+    ``rq:workers`` (``SeenWorker`` only leaves it out), so the Workers page of a dead worker
+    changed Redis."""
 
     def __init__(self, *args: Any, serializer: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, serializer=serializer or JSONSerializer, **kwargs)

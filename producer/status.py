@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 import redis
-from rq import Worker
 from rq.job import Job
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from common.enqueues import EnqueueRun
+from common.heartbeats import beating, seen_workers
 from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, is_group_lane, lanes, made_by_key
 from common.queues import RECENT_WINDOW_S, finished_key, get_queue, paused_key, recent_key
 from common.reconcile import failed_images, is_complete, left
@@ -325,9 +325,8 @@ def _fill_details(
     now = time.time()
     live: dict[str, set[str]] = {}
     for q in queues:  # a group serves both lanes, a single worker the first
-        for worker in Worker.all(queue=q):
-            beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
-            if now - beat <= stale_after_s:  # a dead worker's key lingers until its TTL expires
+        for worker in seen_workers(conn, q.name):
+            if beating(worker, stale_after_s, now):  # a dead worker's key lingers until its TTL expires
                 live.setdefault(worker.name, set()).add(q.name)
     status.workers = sorted(live)
     status.groups = sorted(name for name, served in live.items() if any(is_group_lane(q) for q in served))

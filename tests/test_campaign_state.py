@@ -147,7 +147,6 @@ def test_reading_tools_change_no_key_and_a_dead_workers_job_keeps_its_retries(en
     for _ in range(4):  # the finding's four rounds: each status call spent a retry
         cli(env, "status")
     after = Keys(conn)
-    print("DEBUG", after.at - before.at, {k: v[1] for k, v in before.values.items() if b"executions" in k})
     assert before.changed_by(after) == [], {name: done.stderr[-300:] for name, done in reads.items()}
     job = Job.fetch(job_id, connection=conn, serializer=JSONSerializer)
     assert job.get_status() == "started" and job.retries_left == 3  # as its worker left it
@@ -160,6 +159,34 @@ def test_reading_tools_change_no_key_and_a_dead_workers_job_keeps_its_retries(en
 
 @pytest.mark.worker
 @pytest.mark.long
+def test_a_worker_whose_key_expired_stays_registered_whatever_reads_the_workers(env, conn, tmp_path):
+    """Found by CI on a loaded machine: a killed worker's hash expired between two looks, and the
+    next status call removed it from ``rq:workers`` (RQ's ``Worker.all`` runs SREM on an expired
+    worker). Every tool that lists workers (status, wait, the healthcheck, the dashboard's
+    pages, the reconciler) now only leaves it out; a worker's maintenance prunes it."""
+    from rq import Worker
+
+    from common.heartbeats import seen_workers
+
+    rows = prompts(tmp_path, 1, "expired")
+    assert producer("enqueue", rows, *FLAGS, "--output", tmp_path / "out").exit_code == 0
+    gone = Worker(["diffq"], name="gone", connection=conn)
+    gone.register_birth()
+    conn.pexpire(gone.key, 1)
+    wait_for(lambda: not conn.exists(gone.key), 30, "the worker's key to expire")
+    before = Keys(conn)
+    assert before.values[b"rq:workers"] and gone.key.encode() in conn.smembers("rq:workers")
+    assert seen_workers(conn, "diffq") == [] and left(conn, "diffq", ttl=int(TTL)).pending == 1
+    for args in (("status",), ("status", "--json"), ("wait", "--timeout", "1")):
+        cli(env, *args)
+    health = subprocess.run(worker_cmd("health"), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert health.returncode == 1 and "no worker" in health.stderr, health.stderr
+    (job_id,) = (jid.decode() for jid in conn.lrange("rq:queue:diffq", 0, -1))
+    dashboard_pages(env, "diffq", job_id)
+    assert before.changed_by(Keys(conn)) == []
+    assert conn.smembers("rq:workers") == {gone.key.encode()} == conn.smembers("rq:workers:diffq")
+
+
 def test_a_campaign_is_not_complete_while_its_producer_reads_the_file_nor_after_it_stopped_mid_file(
     env, conn, tmp_path
 ):

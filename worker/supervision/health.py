@@ -7,21 +7,15 @@ for its healthcheck than it does for ``producer status``."""
 from __future__ import annotations
 
 import socket
-import time
 
 import redis
-from rq import Worker
+
+from common.heartbeats import beating, seen_workers
 
 
 def live_workers_here(conn: redis.Redis, hostname: str, ttl: float) -> list[str]:
     """Names of the workers registered from ``hostname`` whose last heartbeat is within ``ttl``."""
-    now = time.time()
-    found = []
-    for worker in Worker.all(connection=conn):
-        beat = worker.last_heartbeat.timestamp() if worker.last_heartbeat else 0.0
-        if worker.hostname == hostname and now - beat <= ttl:
-            found.append(worker.name)
-    return found
+    return [worker.name for worker in seen_workers(conn) if worker.hostname == hostname and beating(worker, ttl)]
 
 
 def this_host() -> str:
