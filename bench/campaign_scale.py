@@ -53,7 +53,7 @@ def drive(redis_url: str, name: str) -> None:
     from common.errors import PermanentJobError
     from common.queues import connect, get_queue
     from common.settings import Settings
-    from worker.pipelines.generate import BatchResult
+    from worker.pipelines.pixels import BatchResult
     from worker.serving.rqworker import DiffqWorker
     from worker.serving.runtime import Runtime
 

@@ -137,7 +137,7 @@ def main() -> None:
         "--alternate-rounding",
         action="store_true",
         help="odd calls with a FLUX image's pixels rounded on the host as diffusers' PIL output does, as before "
-        "2026-11-29, even calls rounded on the device (the product's, worker/pipelines/generate.py); both recorded",
+        "2026-11-29, even calls rounded on the device (the product's, worker/pipelines/pixels.py); both recorded",
     )
     args = ap.parse_args()
 
@@ -148,7 +148,8 @@ def main() -> None:
     from worker.group.comm import init_world, local_rank
     from worker.group.config import GroupLayout
     from worker.group.engine import RankEngine
-    from worker.pipelines import generate, pinned_device
+    from worker.pipelines import pinned_device
+    from worker.pipelines.families import flux as flux_family
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -267,7 +268,7 @@ def main() -> None:
     elif args.alternate_rounding:
         from diffusers.image_processor import VaeImageProcessor
 
-        on_device = generate.rounded_pil
+        on_device = flux_family.rounded_pil
 
         def on_host(image):  # what postprocess(output_type="pil") does after denormalizing
             return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy(image))
@@ -275,7 +276,7 @@ def main() -> None:
         alternation = (
             "device_rounding",
             "host_rounding",
-            lambda odd: setattr(generate, "rounded_pil", on_host if odd else on_device),
+            lambda odd: setattr(flux_family, "rounded_pil", on_host if odd else on_device),
         )
     for batch in [int(b) for b in args.batches.split(",")]:
         work = {

@@ -226,7 +226,7 @@ def main() -> None:
 
     # finite check of the last decode, and the fp16-vs-fp32 VAE difference on the same latents
     if "vae-fp16" in applied:
-        from worker.pipelines.generate import decode
+        from worker.pipelines.pixels import decode
 
         latents = torch.randn(1, 4, args.size // 8, args.size // 8, device="cuda", dtype=torch.float16)
         with torch.inference_mode():

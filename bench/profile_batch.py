@@ -34,8 +34,9 @@ from rank_profile import kind_of  # bench/, this script's own folder
 
 from common.jobspec import GenParams
 from worker.output.images import png_bytes, temp_dir, write_atomic
-from worker.pipelines.generate import decode, run_batch
+from worker.pipelines.generate import run_batch
 from worker.pipelines.models import sdxl_random
+from worker.pipelines.pixels import decode
 from worker.pipelines.speedups import Speedups
 from worker.pipelines.speedups import apply as apply_speedups
 

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from common.errors import ConfigError, InvalidJobSpec
+from common.families import folder_pipeline, refusal, runs_here
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
 
@@ -21,12 +22,18 @@ MODEL_PRESETS: dict[str, str] = {
     "tiny": "small SDXL-architecture pipeline with random weights (CPU tests and the demo)",
     "sdxl-random": "full SDXL-base architecture with random weights (GPU benchmarks; same FLOPs)",
     "flux-random": "FLUX.1-dev architecture (12 B DiT, T5-XXL) with random weights (xDiT group benchmarks)",
+    "sd3-random": "SD3.5-medium architecture (2.5 B MMDiT, two CLIPs, T5-XXL) with random weights (GPU benchmarks)",
+    "pixart-random": "PixArt-Σ-XL 1024 architecture (0.6 B DiT, T5-XXL) with random weights (GPU benchmarks)",
+    "tiny-sd3": "small SD3-architecture pipeline with random weights (CPU tests of the SD3 family)",
+    "tiny-pixart": "small PixArt-Σ-architecture pipeline with random weights (CPU tests of the PixArt family)",
 }
 
 #: A preset's own defaults for the size and steps a row and the flags leave open: ``tiny`` is
 #: for CPUs, where SDXL's 1024² would take over ten minutes a step (the demo's 128², 8 steps
 #: take seconds), so the docs' commands run as written on a host without GPUs.
-PRESET_DEFAULTS: dict[str, dict[str, int]] = {"tiny": {"width": 128, "height": 128, "steps": 8}}
+PRESET_DEFAULTS: dict[str, dict[str, int]] = {
+    name: {"width": 128, "height": 128, "steps": 8} for name in ("tiny", "tiny-sd3", "tiny-pixart")
+}
 
 
 def preset_default(model: str, name: str, fallback: int) -> int:
@@ -110,6 +117,9 @@ def check_model(name: str) -> None:
     if path.is_dir():
         if not (path / "model_index.json").is_file():
             raise ConfigError(f"--model {name!r}: the folder has no model_index.json; give a diffusers pipeline folder")
+        pipeline = folder_pipeline(path)
+        if pipeline is not None and not runs_here(pipeline):
+            raise ConfigError(f"--model {name!r} {refusal(pipeline)}")
         return
     if name.startswith(("/", ".", "~")) or not HUB_ID.match(name):
         close = difflib.get_close_matches(name, MODEL_PRESETS, n=1)

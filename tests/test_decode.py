@@ -11,8 +11,9 @@ from diffusers import StableDiffusionXLPipeline
 from diffusers.image_processor import VaeImageProcessor
 
 from common.jobspec import GenParams
-from worker.pipelines.generate import decode, run_batch, to_pil
+from worker.pipelines.generate import run_batch
 from worker.pipelines.models import ensure_tiny
+from worker.pipelines.pixels import decode, to_pil
 
 CALL = {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "num_inference_steps": 3, "guidance_scale": 5.0}
 

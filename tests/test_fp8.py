@@ -372,7 +372,7 @@ def test_a_batch_whose_fp8_pixels_are_not_finite_runs_again_without_fp8_and_says
 
 
 def test_a_batch_with_non_finite_pixels_and_no_fp8_to_drop_writes_nothing_and_fails_the_job(cache_dir, monkeypatch):
-    from worker.pipelines.generate import NonFinitePixels
+    from worker.pipelines.pixels import NonFinitePixels
 
     cache = WarmPipelines(str(cache_dir), device="cpu")
     loaded, _ = cache.get("tiny")

@@ -124,23 +124,33 @@ def test_cuda_defaults_are_the_measured_levers_and_the_cpu_runs_plain():
     assert Speedups.parse("auto", torch.device("cpu")).levers == frozenset()
 
 
-def test_auto_means_the_levers_of_the_models_kind():
+def test_auto_means_the_levers_of_the_models_family_and_only_its_levers_apply():
     """A FLUX worker's ``auto`` is a DiT's defaults (its blocks and decoder compiled, its
-    modulation once an image), not SDXL's, which it cannot take; levers named beside ``auto`` stay; named levers
-    are what they say for either kind."""
+    modulation once an image), not SDXL's, which it cannot take; levers named beside ``auto`` stay
+    where the family's code applies them; a lever a family has no code for is left out (an SDXL
+    lever named for FLUX, any lever for the generic family). The family is the pipeline's class."""
     from common.presets import DIT_CUDA_DEFAULT_SPEEDUPS as DIT_DEFAULT
 
-    sdxl, flux = type("Sdxl", (), {"unet": object()})(), type("Flux", (), {"transformer": object()})()
+    def pipe(name: str) -> object:
+        return type(name, (), {})()
+
+    sdxl, flux, sd3 = pipe("StableDiffusionXLPipeline"), pipe("FluxPipeline"), pipe("StableDiffusion3Pipeline")
+    other = pipe("SanaPipeline")
     auto = Speedups.parse("auto,cuda-graphs", torch.device("cuda"))
     assert auto.for_pipeline(sdxl).levers == frozenset(CUDA_DEFAULT) | {"cuda-graphs"}
     assert auto.for_pipeline(flux).levers == frozenset(DIT_DEFAULT) | {"cuda-graphs"}
+    assert auto.for_pipeline(sd3).levers == {"compile-blocks", "compile-vae"}
+    assert auto.for_pipeline(other).levers == frozenset()
     assert auto.per_kind() == (  # the worker's first line, before it knows its model
         "compile-unet,compile-vae,cuda-graphs,empty-negative,vae-fp16 for SDXL, "
-        "compile-blocks,compile-vae,cuda-graphs,modulation-once,vae-fp16 for FLUX"
+        "compile-blocks,compile-vae,cuda-graphs,modulation-once,vae-fp16 for FLUX, "
+        "compile-blocks,compile-vae for SD3 and PixArt"
     )
     assert set(DIT_DEFAULT) == {"vae-fp16", "compile-blocks", "compile-vae", "modulation-once"}
     named = Speedups.parse("vae-fp16,compile-unet", torch.device("cuda"))
-    assert named.for_pipeline(flux) == named.for_pipeline(sdxl) == named
+    assert named.for_pipeline(sdxl).levers == named.levers
+    assert named.for_pipeline(flux).levers == {"vae-fp16"}  # FLUX has no UNet to compile whole
+    assert named.for_pipeline(other).levers == frozenset()
     assert Speedups.parse("auto", torch.device("cpu")).for_pipeline(flux).levers == frozenset()
 
 

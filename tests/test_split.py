@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from common.jobspec import GenParams
-from worker.pipelines.generate import BatchResult, run_split
+from worker.pipelines.generate import run_split
+from worker.pipelines.pixels import BatchResult
 from worker.pipelines.warm import padding
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=2, guidance=5.0)

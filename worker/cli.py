@@ -43,7 +43,8 @@ def run_options(func: Any) -> Any:
             "--speedups",
             help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)}; auto in a list adds the defaults "
             f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA for SDXL, "
-            f"{','.join(DIT_CUDA_DEFAULT_SPEEDUPS)} for FLUX, none on the CPU].",
+            f"{','.join(DIT_CUDA_DEFAULT_SPEEDUPS)} for FLUX, compile-blocks,compile-vae for SD3 and PixArt, "
+            "none for other pipelines and on the CPU].",
         ),
         click.option(
             "--precision",

@@ -35,7 +35,9 @@ from worker.group import split_decode, token_split
 from worker.group.comm import Answer
 from worker.group.config import GroupLayout, dp_slice
 from worker.pipelines import empty_negative, modulation, step_graphs
-from worker.pipelines.generate import BatchResult, is_flux, is_oom, run_split
+from worker.pipelines.families import family_of
+from worker.pipelines.generate import is_oom, run_split
+from worker.pipelines.pixels import BatchResult
 from worker.pipelines.warm import LoadedPipeline, WarmPipelines
 from worker.serving.failures import classify
 
@@ -116,24 +118,30 @@ class RankEngine:
         loaded = self.loaded
         assert loaded is not None
         model = loaded.model
-        flux = is_flux(loaded.pipe)
-        family = "FLUX" if flux else "SDXL"
-        if not flux and self.layout.ulysses_degree * self.layout.ring_degree * self.layout.pipefusion_degree > 1:
+        kind = family_of(loaded.pipe)
+        family, flux = kind.title, "ulysses" in kind.splits  # a DiT the token splits take
+        layout = self.layout
+        if "ulysses" not in kind.splits and layout.ulysses_degree * layout.ring_degree * layout.pipefusion_degree > 1:
             raise ConfigError(
-                f"{model} is an SDXL (UNet) model: it splits with --cfg-parallel and --data-parallel-degree only; "
+                f"{model} is a {family} model: a group splits it with "
+                f"{'--cfg-parallel and ' if 'cfg' in kind.splits else ''}--data-parallel-degree only; "
                 "--ulysses-degree, --ring-degree and --pipefusion-degree are for DiT models such as FLUX"
             )
-        if flux and self.layout.cfg_parallel:
+        if "cfg" not in kind.splits and layout.cfg_parallel:
             raise ConfigError(
-                f"{model} is a FLUX model: FLUX.1 is guidance-distilled and has no CFG pass to split; "
-                "drop --cfg-parallel and use --ulysses-degree / --ring-degree"
-            )
-        if self.layout.parallel_vae and not (flux and self.layout.model_parallel):
+                f"{model} is a {family} model"
+                + (": FLUX.1 is guidance-distilled and has no CFG pass to split; " if not kind.negative_prompt else
+                   ": a group splits its CFG pass only for SDXL; ")
+                + "drop --cfg-parallel"
+                + (" and use --ulysses-degree / --ring-degree" if flux else "")
+            )  # fmt: skip
+        if layout.parallel_vae and not ("parallel-vae" in kind.splits and layout.model_parallel):
             raise ConfigError(
                 f"--parallel-vae splits a DiT's decoder under xDiT (--ulysses-degree / --ring-degree / "
                 f"--pipefusion-degree above 1); {model} in this layout decodes on one rank"
-                + ("" if flux else " (an SDXL CFG pair already splits its decode: half of the images on each rank)")
-            )
+                + ("" if flux or "cfg" not in kind.splits else
+                   f" (a {family} CFG pair already splits its decode: half of the images on each rank)")
+            )  # fmt: skip
         how = "data parallel" if self.layout.data_parallel_degree > 1 else "none (one rank makes each image)"
         taken = token_split.takes(self.layout) if flux else None
         if taken:

@@ -26,7 +26,7 @@ from common.processes import alive
 from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost
 from worker.group.engine import RankEngine
 from worker.pipelines.backend import Batch
-from worker.pipelines.generate import BatchResult
+from worker.pipelines.pixels import BatchResult
 from worker.pipelines.warm import LoadedPipeline
 from worker.serving.recovery import put_back_taken
 from worker.serving.rqworker import DiffqWorker

@@ -45,7 +45,7 @@ import torch
 
 from common.errors import ConfigError, PermanentJobError
 from worker.group.config import GroupLayout
-from worker.pipelines.generate import FLUX_TEXT_TOKENS
+from worker.pipelines.families.flux import TEXT_TOKENS as FLUX_TEXT_TOKENS
 
 #: where a ring's attention runs: cuDNN's, which returns the log-sum-exp the merge needs
 #: (worker/group/ring_attention.py; the tests put its CPU twin in for it). diffusers' flash

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common.jobspec import GenParams
-from worker.pipelines.generate import BatchResult
+from worker.pipelines.pixels import BatchResult
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,7 @@ def flux_random(device: str | torch.device, dtype: torch.dtype):
     )
 
 
-def _write_once(target: Path, write: Any) -> Path:
+def write_once(target: Path, write: Any) -> Path:
     """Write a folder atomically: build it beside ``target``, then rename. Safe if two workers race."""
     if (target / ".complete").exists():
         return target
@@ -347,14 +347,21 @@ def ensure_tiny(cache_dir: str | Path) -> Path:
     """The tiny model's folder in the standard diffusers layout, written on first use."""
 
     def write(folder: Path) -> None:
-        pipe = build_sdxl(TINY_UNET, TINY_VAE, TINY_TEXT, TINY_TEXT, vocab_size=None)
-        for encoder in (pipe.text_encoder, pipe.text_encoder_2):
-            # transformers 5 writes weights only on rank 0 of an initialised process group; every
-            # rank of a group may write this folder (and the first rename wins), so each writes it whole
-            encoder.should_save_on_this_rank = lambda is_main_process: True
-        pipe.save_pretrained(folder)
+        save_whole(build_sdxl(TINY_UNET, TINY_VAE, TINY_TEXT, TINY_TEXT, vocab_size=None), folder)
 
-    return _write_once(Path(cache_dir) / "models" / "tiny", write)
+    return write_once(Path(cache_dir) / "models" / "tiny", write)
+
+
+def save_whole(pipe: Any, folder: Path) -> None:
+    """``pipe.save_pretrained(folder)`` with every text encoder's weights written:
+    transformers 5 writes them only on rank 0 of an initialised process group, but every rank of
+    a group may write a tiny model's folder (and the first rename wins), so each writes it whole."""
+    from transformers import PreTrainedModel
+
+    for component in pipe.components.values():
+        if isinstance(component, PreTrainedModel):
+            component.should_save_on_this_rank = lambda is_main_process: True
+    pipe.save_pretrained(folder)
 
 
 def ensure_tiny_dora(cache_dir: str | Path) -> Path:
@@ -378,4 +385,4 @@ def ensure_tiny_dora(cache_dir: str | Path) -> Path:
         layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet))
         StableDiffusionXLPipeline.save_lora_weights(folder, unet_lora_layers=layers)
 
-    return _write_once(Path(cache_dir) / "adapters" / "tiny-dora", write)
+    return write_once(Path(cache_dir) / "adapters" / "tiny-dora", write)

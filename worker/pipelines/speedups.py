@@ -28,8 +28,9 @@ import torch
 
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
-from common.presets import CUDA_DEFAULT_SPEEDUPS, DIT_CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
+from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
 from worker.pipelines import empty_negative, fp8, modulation, reductions, step_graphs
+from worker.pipelines.families import FAMILIES, Family, family_of
 
 log = logging.getLogger("diffq.worker")
 
@@ -42,34 +43,49 @@ WARM_UP_STEPS = 2
 @dataclass(frozen=True)
 class Speedups:
     levers: frozenset[str]
-    #: what ``auto`` means for a DiT pipeline (FLUX), whose levers are not SDXL's; None: no ``auto``
-    dit: frozenset[str] | None = None
+    #: under ``auto``: the levers named beside it, to which each model family adds its own
+    #: defaults (:meth:`for_pipeline`); None: no ``auto``, the levers are what was named
+    beside_auto: frozenset[str] | None = None
+    cuda: bool = False
 
     @classmethod
     def parse(cls, text: str, device: torch.device, precision: str = "fp16") -> Speedups:
-        """The levers ``--speedups`` names (``auto``: the device's defaults for the model's kind,
+        """The levers ``--speedups`` names (``auto``: the device's defaults for the model's family,
         and any named beside it), with ``fp8`` for ``--precision fp8`` where this device has FP8
-        matmuls."""
+        matmuls. ``levers`` holds SDXL's meaning of ``auto`` until the model is known."""
         names = speedup_names(text)
         cuda = device.type == "cuda"
-        dit = None
+        beside = None
         if "auto" in names:
-            named = names - {"auto"}
-            names = named | frozenset(CUDA_DEFAULT_SPEEDUPS if cuda else ())
-            dit = named | frozenset(DIT_CUDA_DEFAULT_SPEEDUPS if cuda else ())
+            beside = names - {"auto"}
+            names = beside | frozenset(CUDA_DEFAULT_SPEEDUPS if cuda else ())
         if precision == "fp8":
-            names, dit = names | {"fp8"}, None if dit is None else dit | {"fp8"}
+            names, beside = names | {"fp8"}, None if beside is None else beside | {"fp8"}
         if "fp8" in names and not fp8_supported(device):
-            names, dit = names - {"fp8"}, None if dit is None else dit - {"fp8"}
-        return cls(names, dit)
+            names, beside = names - {"fp8"}, None if beside is None else beside - {"fp8"}
+        return cls(names, beside, cuda)
+
+    def wanted_for(self, family: Family) -> frozenset[str]:
+        """The levers asked for ``family`` (``auto``: its own defaults on CUDA), before its code says which apply."""
+        if self.beside_auto is None:
+            return self.levers
+        return self.beside_auto | frozenset(family.auto if self.cuda else ())
 
     def for_pipeline(self, pipe: Any) -> Speedups:
-        """These levers for ``pipe``: under ``auto``, a DiT's (a transformer, no UNet) own
-        defaults in place of SDXL's (a FLUX worker otherwise ran its blocks eagerly: 5.07 against
-        3.90 s an image on an H200)."""
-        if self.dit is None or getattr(pipe, "unet", None) is not None or getattr(pipe, "transformer", None) is None:
-            return self
-        return Speedups(self.dit)
+        """These levers for ``pipe``'s family: under ``auto`` its own defaults (a FLUX worker
+        given SDXL's ran its blocks eagerly: 5.07 against 3.90 s an image on an H200), and only
+        the levers its code applies; the others are left out with one line."""
+        family = family_of(pipe)
+        wanted = self.wanted_for(family)
+        kept = wanted & family.levers
+        if wanted - kept:
+            log.info(
+                "speedups: %s do not apply to %s (%s); it runs without them",
+                ",".join(sorted(wanted - kept)),
+                family.title,
+                type(pipe).__name__,
+            )
+        return Speedups(kept)
 
     def __contains__(self, name: str) -> bool:
         return name in self.levers
@@ -82,10 +98,15 @@ class Speedups:
         return ",".join(sorted(self.levers)) or "none"
 
     def per_kind(self) -> str:
-        """What a worker says at start, before it knows its model: under ``auto``, each kind's."""
-        if self.dit is None or self.dit == self.levers:
+        """What a worker says at start, before it knows its model: under ``auto``, each family's."""
+        if self.beside_auto is None:
             return self.describe()
-        return f"{self.describe()} for SDXL, {Speedups(self.dit).describe()} for FLUX"
+        kinds: dict[str, list[str]] = {}
+        for family in FAMILIES[:-1]:  # the generic family runs without levers
+            kinds.setdefault(Speedups(self.wanted_for(family) & family.levers).describe(), []).append(family.title)
+        if len(kinds) == 1:
+            return next(iter(kinds))
+        return ", ".join(f"{levers} for {' and '.join(titles)}" for levers, titles in kinds.items())
 
 
 def fp8_supported(device: torch.device) -> bool:
@@ -127,7 +148,7 @@ def apply(
     started = time.perf_counter()
     compile_whole = compile_whole or _compile_lazily
     unet = getattr(pipe, "unet", None)
-    if unet is None:
+    if family_of(pipe).denoiser != "unet" or unet is None:
         return _apply_to_transformer(pipe, speedups, model=model, fp8_scales=fp8_scales, compile_whole=compile_whole)
     if "fuse-qkv" in speedups:
         unet.fuse_qkv_projections()
@@ -212,22 +233,6 @@ def _apply_to_transformer(
     as for SDXL (FLUX's is SDXL's architecture with 16 latent channels)."""
     started = time.perf_counter()
     transformer = getattr(pipe, "transformer", None)
-    dit = {
-        "vae-fp16",
-        "compile-blocks",
-        "compile-vae",
-        "fp8",
-        "cuda-graphs",
-        "modulation-once",
-        "fuse-qkv",
-        "encoder-graphs",
-    }
-    used = dit if transformer is not None else {"vae-fp16"}
-    if speedups.levers - used:
-        log.info(
-            "speedups: %s apply to SDXL's UNet; this pipeline runs without them",
-            ",".join(sorted(speedups.levers - used)),
-        )
     if transformer is not None and "fuse-qkv" in speedups:
         # first: FP8 quantizes the fused products, and the compile traces them
         transformer.fuse_qkv_projections()
@@ -237,6 +242,8 @@ def _apply_to_transformer(
         # after fp8 (which leaves these one-row layers alone), before the lazy compile traces them
         log.info("speedups: modulation-once (an image's modulation vectors for all its steps at its first step)")
     if transformer is not None and "compile-blocks" in speedups:
+        if not getattr(transformer, "_repeated_blocks", None):  # diffusers names FLUX's blocks, not SD3's or PixArt's
+            transformer._repeated_blocks = list(family_of(pipe).blocks)
         transformer.compile_repeated_blocks(fullgraph=False)
         log.info("speedups: compile-blocks (the transformer's repeated blocks)")
     if transformer is not None and "compile-vae" in speedups:

@@ -22,18 +22,29 @@ from diffusers.utils import logging as diffusers_logging
 from transformers.utils import logging as transformers_logging
 
 from common.errors import AdapterNotFound, ConfigError, ModelLoadError
+from common.families import refusal, runs_here
 from common.jobspec import GenParams
 from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
 from common.settings import Settings, point_compile_cache_at
-from worker.pipelines import adapter_weights, empty_negative, fp8, fused_qkv, models, pinned_device, step_graphs
+from worker.pipelines import (
+    adapter_weights,
+    empty_negative,
+    families,
+    fp8,
+    fused_qkv,
+    models,
+    pinned_device,
+    step_graphs,
+)
 from worker.pipelines.adapter_weights import AdapterWeights
 from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
 from worker.pipelines.compile_cache import share_compile_cache
-from worker.pipelines.generate import BatchResult, NonFinitePixels, is_oom, run_batch, run_split
+from worker.pipelines.generate import is_oom, run_batch, run_split
 from worker.pipelines.loading import download_progress
 from worker.pipelines.memory import Budget, GiB, Profiles, largest_batch, measure_peak, profile_key
 from worker.pipelines.offload import NOT_WITH_OFFLOAD, place, weights_bytes, weights_in_place
+from worker.pipelines.pixels import BatchResult, NonFinitePixels
 from worker.pipelines.precompiled import Store, install
 from worker.pipelines.speedups import COMPILE_LEVERS, Speedups, graphs_compiled, warm_up
 from worker.pipelines.speedups import apply as apply_speedups
@@ -173,7 +184,7 @@ class WarmPipelines:
                 component.requires_grad_(False)
         # the levers that work in any placement first (the memory probes run with them), then
         # where the weights live, then compile and fp8 where the weights stay on the GPU
-        family = self.speedups.for_pipeline(pipe)  # what auto means for this model's kind (SDXL or FLUX)
+        family = self.speedups.for_pipeline(pipe)  # what auto means for this model's family, and what applies
         apply_speedups(pipe, Speedups(family.levers - NOT_WITH_OFFLOAD))
         try:
             offload = self._choose_offload(pipe, model, on_progress, family)
@@ -243,22 +254,16 @@ class WarmPipelines:
             torch.cuda.empty_cache()
 
     def _load(self, model: str) -> Any:
-        from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionXLPipeline
+        """``model``'s pipeline: a preset its family builds (on the device) or writes (a folder),
+        else ``from_pretrained`` on a folder or hub id; one of a family's, or any other
+        text-to-image pipeline (``common/families.py``), which the generic family runs."""
+        from diffusers import DiffusionPipeline
 
-        if model == "sdxl-random":
-            try:
-                return models.sdxl_random(self.device, self.dtype)
-            except torch.OutOfMemoryError as exc:
-                exc.__traceback__ = None  # its frames hold the half-built model
-            gc.collect()
-            torch.cuda.empty_cache()
-            log.info("sdxl-random: drawing its weights in fp32 does not fit; drawing them in %s", self.dtype)
-            return models.sdxl_random(self.device, self.dtype, drawn_in_dtype=True)
-        if model == "flux-random":
-            return models.flux_random(self.device, torch.bfloat16 if self.device.type == "cuda" else self.dtype)
-        source: str | Path = model
-        if model == "tiny":
-            source = models.ensure_tiny(self.cache_dir)
+        build = families.preset(model)
+        built = build(self.device, self.dtype, self.cache_dir) if build is not None else None
+        if built is not None and not isinstance(built, Path):
+            return built
+        source: str | Path = built if built is not None else model
         kwargs: dict[str, Any] = {"dtype": self.dtype}
         try:
             if self.dtype == torch.float16 and not Path(source).exists():
@@ -270,10 +275,12 @@ class WarmPipelines:
                 pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
         except Exception as exc:  # diffusers raises OSError, ValueError, HF hub errors...
             raise ModelLoadError(f"model {model!r} cannot be loaded: {load_failure(exc)}") from exc
-        if not isinstance(pipe, StableDiffusionXLPipeline | FluxPipeline):
-            raise ModelLoadError(
-                f"model {model!r} is a {type(pipe).__name__}; diffq runs SDXL and FLUX pipelines "
-                "(StableDiffusionXLPipeline, FluxPipeline)"
+        if not any(runs_here(cls.__name__) for cls in type(pipe).__mro__):
+            raise ModelLoadError(f"model {model!r} {refusal(type(pipe).__name__)}")
+        family = families.family_of(pipe)
+        if family is families.FAMILIES[-1]:
+            log.info(
+                "model %s is a %s: run eagerly by the generic family (no speed levers)", model, type(pipe).__name__
             )
         return pipe  # on the CPU: place() puts it where the offload mode says
 

@@ -41,7 +41,7 @@ from common.reconcile import live_workers
 from common.storage import is_url
 from worker.output.destination import Destination, open_destination
 from worker.pipelines.backend import Batch
-from worker.pipelines.generate import BatchResult
+from worker.pipelines.pixels import BatchResult
 from worker.serving import context
 from worker.serving.context import JobContext
 from worker.serving.failures import refused_here

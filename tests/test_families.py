@@ -1,0 +1,165 @@
+"""Model families (issue 77): SDXL, FLUX, SD3 and PixArt each one module behind one registry, any
+other text-to-image pipeline of diffusers run eagerly by the generic family, and a folder whose
+pipeline no family runs refused at enqueue.
+
+The tiny presets of SD3 and PixArt are written to disk by the real code and loaded with
+``from_pretrained``, as ``tiny`` is; the generic family's model is a tiny Stable Diffusion 1.5
+folder this test writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_exactly_once, drain, producer, write_csv
+
+from common.errors import InvalidJobSpec, ModelLoadError
+from common.families import NEEDS_AN_IMAGE, TEXT_TO_IMAGE
+from common.jobspec import GenParams
+from worker.pipelines import families, models
+from worker.pipelines.backend import Batch
+from worker.pipelines.warm import WarmPipelines
+
+SIZE = {"width": 64, "height": 64, "steps": 3}
+
+
+def test_the_pipelines_diffq_runs_are_diffusers_text_to_image_ones_less_those_needing_an_image():
+    from diffusers.pipelines.auto_pipeline import AUTO_TEXT2IMAGE_PIPELINES_MAPPING
+
+    theirs = {cls.__name__ for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values()}
+    assert {name for name in theirs if not any(word in name for word in NEEDS_AN_IMAGE)} == TEXT_TO_IMAGE
+    for family in families.FAMILIES[:-1]:  # every named family's pipelines are among them
+        assert set(family.pipelines) - {"xFuserFluxPipeline"} <= TEXT_TO_IMAGE, family.title
+
+
+def generate(cache: WarmPipelines, model: str, prompts: list[str], seeds: list[int], **params: object) -> list:
+    loaded, _ = cache.get(model)
+    steps: list[tuple[int, int]] = []
+    batch = Batch(
+        params=GenParams(model=model, **{**SIZE, "guidance": 5.0, **params}),
+        prompts=prompts,
+        negatives=["blurry"] + [""] * (len(prompts) - 1),
+        seeds=seeds,
+        max_batch=len(prompts),
+    )
+    result, _ = cache.generate(loaded, batch, on_step=lambda step, total: steps.append((step, total)))
+    assert steps[-1] == (SIZE["steps"], SIZE["steps"])  # progress from every family's pipeline
+    return [np.asarray(image, dtype=np.int16) for image in result.images]
+
+
+@pytest.mark.parametrize(
+    "model, title, pipeline, sampler",
+    [
+        ("tiny", "SDXL", "StableDiffusionXLPipeline", "dpm++2m-karras"),
+        ("tiny-sd3", "SD3", "StableDiffusion3Pipeline", "euler"),
+        ("tiny-pixart", "PixArt", "PixArtSigmaPipeline", "unipc"),
+    ],
+)
+def test_each_family_makes_each_image_from_its_own_seed_with_the_jobs_sampler(
+    cache_dir, model, title, pipeline, sampler
+):
+    """A family's batch: one image per row at the size asked, each a function of its own row
+    (the same seed alone or among others gives the same pixels), other seeds other images, the
+    job's sampler on the warm pipeline."""
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    together = generate(cache, model, ["a red fox", "a blue bird", "a cat"], [7, 8, 9], sampler=sampler)
+    alone = generate(cache, model, ["a red fox"], [7], sampler=sampler)
+    loaded, _ = cache.get(model)
+    assert type(loaded.pipe).__name__ == pipeline and families.family_of(loaded.pipe).title == title
+    assert [image.shape for image in together] == [(64, 64, 3)] * 3
+    # a batch's kernels may round one 8-bit level apart from a lone image's (PixArt: 1 value in 12,288)
+    assert np.abs(together[0] - alone[0]).max() <= 1
+    assert not np.array_equal(together[1], together[2]) and all(image.std() > 0 for image in together)
+    assert cache.loads == 1
+
+
+def test_a_flow_matching_family_refuses_a_noise_sampler_for_the_job(cache_dir):
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="none")
+    with pytest.raises(InvalidJobSpec, match="'dpm\\+\\+2m' predicts noise; StableDiffusion3Pipeline"):
+        generate(cache, "tiny-sd3", ["a red fox"], [1], sampler="dpm++2m")
+
+
+def write_tiny_sd15(folder: Path) -> Path:
+    """A Stable Diffusion 1.5-architecture folder at toy widths (one CLIP, no added conditions),
+    the kind of pipeline no family of its own runs."""
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    tokenizer = models.byte_tokenizer()
+    with models.drawn(models.TINY_SEED, torch.float32, "cpu"):
+        blocks = {
+            "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D"),
+            "up_block_types": ("CrossAttnUpBlock2D", "UpBlock2D"),
+        }
+        unet = UNet2DConditionModel(
+            sample_size=32, block_out_channels=(32, 64), layers_per_block=1, cross_attention_dim=32,
+            attention_head_dim=(2, 4), norm_num_groups=32, **blocks,
+        )  # fmt: skip
+        text = CLIPTextModel(CLIPTextConfig(**models.TINY_TEXT, **models.clip_ids(tokenizer)))
+        vae = AutoencoderKL(**models.TINY_VAE)
+    scheduler = EulerDiscreteScheduler(**models.SCHEDULER)
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+    models.save_whole(pipe, folder)
+    return folder
+
+
+def test_any_other_text_to_image_pipeline_runs_eagerly_and_says_which_levers_it_left_out(tmp_path, caplog):
+    folder = write_tiny_sd15(tmp_path / "sd15")
+    cache = WarmPipelines(str(tmp_path / "cache"), device="cpu", speedups="vae-fp16,compile-unet")
+    with caplog.at_level(logging.INFO, logger="diffq.worker"):
+        images = generate(cache, str(folder), ["a red fox", "a cat"], [7, 8], sampler="ddim")
+    loaded, _ = cache.get(str(folder))
+    assert families.family_of(loaded.pipe) is families.FAMILIES[-1]
+    assert loaded.speedups.levers == frozenset() and not loaded.speedups.compiles
+    said = caplog.text
+    assert "is a StableDiffusionPipeline: run eagerly by the generic family" in said
+    assert "speedups: compile-unet,vae-fp16 do not apply to a diffusers pipeline (StableDiffusionPipeline)" in said
+    assert len(images) == 2 and not np.array_equal(images[0], images[1])
+
+
+def test_a_folder_whose_pipeline_no_family_runs_is_refused_at_enqueue_and_by_a_worker(env, conn, tmp_path):
+    """Refused before anything is queued, with the flag and what runs; a worker that meets one
+    anyway (enqueued with the checks off, or a hub id) says the same and does not fail the job."""
+    folder = write_tiny_sd15(tmp_path / "img2img")
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionImg2ImgPipeline"}))
+    rows = write_csv(tmp_path / "p.csv", "prompt\na fox\n")
+    done = producer("enqueue", rows, "--model", str(folder), "--output", tmp_path / "out")
+    assert done.exit_code != 0
+    (line,) = [text for text in done.output.splitlines() if text.strip()]
+    assert f"--model '{folder}' is a StableDiffusionImg2ImgPipeline, which is not text-to-image" in line
+    assert "SDXL, FLUX, SD3, PixArt" in line and "Traceback" not in done.output
+    assert conn.llen("rq:queue:diffq") == 0
+    cache = WarmPipelines(str(tmp_path / "cache"), device="cpu", speedups="none")
+    with pytest.raises(ModelLoadError, match="is a StableDiffusionImg2ImgPipeline, which is not text-to-image"):
+        cache.get(str(folder))
+
+
+@pytest.mark.worker
+def test_a_campaign_over_two_families_and_three_samplers_makes_every_image_once_and_a_rerun_adds_nothing(
+    env, conn, tmp_path
+):
+    out = tmp_path / "out"
+    pixart = write_csv(tmp_path / "pixart.csv", "prompt,sampler\na fox,dpm++2m-karras\na fox,unipc\na fox,ddim\n")
+    sd3 = write_csv(tmp_path / "sd3.csv", "prompt,sampler\na fox,\na bird,euler\n")
+    flags = ("--width", "64", "--height", "64", "--steps", "3", "--output", out)
+    for model, rows in (("tiny-pixart", pixart), ("tiny-sd3", sd3)):
+        assert producer("enqueue", rows, "--model", model, *flags).exit_code == 0
+    drain(env, tmp_path / "w.log")
+    assert_exactly_once(out, 5)
+    lines = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+    assert sorted((line["model"], line["sampler"] or "") for line in lines) == [
+        ("tiny-pixart", "ddim"), ("tiny-pixart", "dpm++2m-karras"), ("tiny-pixart", "unipc"),
+        ("tiny-sd3", ""), ("tiny-sd3", "euler"),
+    ]  # fmt: skip
+    for model, rows in (("tiny-pixart", pixart), ("tiny-sd3", sd3)):
+        again = producer("enqueue", rows, "--model", model, *flags)
+        assert again.exit_code == 0 and "0 new" in again.output, again.output
