@@ -157,8 +157,6 @@ def test_reading_tools_change_no_key_and_a_dead_workers_job_keeps_its_retries(en
     assert status(env)["complete"] is True
 
 
-@pytest.mark.worker
-@pytest.mark.long
 def test_a_worker_whose_key_expired_stays_registered_whatever_reads_the_workers(env, conn, tmp_path):
     """Found by CI on a loaded machine: a killed worker's hash expired between two looks, and the
     next status call removed it from ``rq:workers`` (RQ's ``Worker.all`` runs SREM on an expired
@@ -187,6 +185,8 @@ def test_a_worker_whose_key_expired_stays_registered_whatever_reads_the_workers(
     assert conn.smembers("rq:workers") == {gone.key.encode()} == conn.smembers("rq:workers:diffq")
 
 
+@pytest.mark.worker
+@pytest.mark.long
 def test_a_campaign_is_not_complete_while_its_producer_reads_the_file_nor_after_it_stopped_mid_file(
     env, conn, tmp_path
 ):
