@@ -109,6 +109,8 @@ def ensure_tiny(cache_dir: str | Path) -> Path:
 
 
 def _random(device: torch.device, dtype: torch.dtype, _cache_dir: str) -> Any:
+    """bf16 on a GPU, as ``flux-random``: T5-XXL's random activations overflow fp16."""
+    dtype = torch.bfloat16 if device.type == "cuda" else dtype
     return build(SIGMA_XL, models.SDXL_VAE, models.FLUX_T5, t5_vocab=models.FLUX_T5_VOCAB, device=device, dtype=dtype)
 
 

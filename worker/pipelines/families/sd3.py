@@ -121,6 +121,8 @@ def ensure_tiny(cache_dir: str | Path) -> Path:
 
 
 def _random(device: torch.device, dtype: torch.dtype, _cache_dir: str) -> Any:
+    """bf16 on a GPU, as ``flux-random``: T5-XXL's random activations overflow fp16."""
+    dtype = torch.bfloat16 if device.type == "cuda" else dtype
     return build(
         SD35_MEDIUM, SD3_VAE, models.SDXL_TEXT, models.SDXL_TEXT_2, models.FLUX_T5,
         vocab_size=models.SDXL_VOCAB, t5_vocab=models.FLUX_T5_VOCAB, device=device, dtype=dtype,
