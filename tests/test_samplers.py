@@ -94,3 +94,45 @@ def test_a_campaign_of_three_samplers_makes_every_image_once_with_its_sampler_an
     ]  # fmt: skip
     again = producer("enqueue", rows, *TINY_FLAGS, "--output", out)
     assert again.exit_code == 0 and "0 new" in again.output, again.output
+
+
+def test_the_unet_takes_every_samplers_timestep_as_float32_and_computes_the_same(cache_dir):
+    """Euler's timesteps are float32, DPM-Solver's int64; a compiled UNet gets float32 from both
+    (one graph), and the cast changes nothing the UNet computes."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(cache_dir / "models" / "tiny" / "unet").eval()
+    seen: list[torch.dtype] = []
+    torch.manual_seed(0)
+    inputs = {
+        "sample": torch.randn(2, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(2, 77, 64),
+        "added_cond_kwargs": {"text_embeds": torch.randn(2, 32), "time_ids": torch.randn(2, 6)},
+    }
+    with torch.no_grad():
+        plain = unet(inputs["sample"], torch.tensor(981), **{k: v for k, v in inputs.items() if k != "sample"}).sample
+        samplers.one_timestep_dtype(unet)
+        unet.register_forward_pre_hook(lambda _m, args: seen.append(args[1].dtype))  # after the cast
+        as_int = unet(inputs["sample"], torch.tensor(981), **{k: v for k, v in inputs.items() if k != "sample"}).sample
+        as_float = unet(
+            inputs["sample"], torch.tensor(981.0), **{k: v for k, v in inputs.items() if k != "sample"}
+        ).sample
+    assert seen == [torch.float32, torch.float32]
+    assert torch.equal(plain, as_int) and torch.equal(as_int, as_float)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_compiled_worker_switching_between_float_and_integer_timestep_samplers_compiles_once(cache_dir):
+    """On one H200 the second sampler kind compiled the UNet again (140 s); now the first job of
+    a size compiles and every sampler after it runs on the same graphs."""
+    cache = WarmPipelines(str(cache_dir), device="cpu", speedups="compile-unet")
+    loaded, _ = cache.get("tiny")
+    compiles = []
+    for name in ("euler", "dpm++2m-karras", "unipc", "euler-a", "ddim"):
+        params = GenParams(**{**PARAMS.__dict__, "sampler": name})
+        batch = Batch(params=params, prompts=["a red fox"] * 2, negatives=["", ""], seeds=[3, 4], max_batch=2)
+        result, _ = cache.generate(loaded, batch)
+        compiles.append(result.compiles)
+    assert compiles[0] > 0 and compiles[1:] == [0, 0, 0, 0], compiles

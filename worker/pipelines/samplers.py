@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import diffusers
+import torch
 
 from common.errors import InvalidJobSpec
 from common.samplers import SAMPLERS
@@ -48,3 +49,24 @@ def use(pipe: Any, sampler: str | None, spacing: str | None) -> str:
         built[key] = cls.from_config(own.config, **overrides)
     pipe.scheduler = built[key]
     return type(built[key]).__name__
+
+
+def one_timestep_dtype(denoiser: torch.nn.Module) -> None:
+    """Give ``denoiser`` its timestep as float32 whatever the sampler made it.
+
+    Samplers hand the UNet its timestep as float32 (Euler, Euler-a, Heun) or int64 (DPM-Solver,
+    UniPC, DDIM, LCM, TCD), and a compiled UNet is specialised on its inputs' dtypes: a worker
+    that switched between the two kinds compiled a second graph (140 s on an H200,
+    docs/benchmarks.md). The UNet's time projection casts the timestep to float32 first thing
+    (``get_timestep_embedding``), exact for every integer timestep, so the cast here changes no
+    pixel; it runs in the module's call, before the precompiled forward sees its inputs."""
+
+    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dtype != torch.float32:
+            args = (args[0], args[1].float(), *args[2:])
+        step = kwargs.get("timestep")
+        if isinstance(step, torch.Tensor) and step.dtype != torch.float32:
+            kwargs = {**kwargs, "timestep": step.float()}
+        return args, kwargs
+
+    denoiser.register_forward_pre_hook(hook, with_kwargs=True)

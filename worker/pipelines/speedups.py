@@ -29,7 +29,7 @@ import torch
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
 from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
-from worker.pipelines import empty_negative, fp8, modulation, reductions, step_graphs
+from worker.pipelines import empty_negative, fp8, modulation, reductions, samplers, step_graphs
 from worker.pipelines.families import FAMILIES, Family, family_of
 
 log = logging.getLogger("diffq.worker")
@@ -178,6 +178,7 @@ def apply(
         # one graph: also fuses what lies between the blocks (Transformer2DModel's GroupNorm and
         # permutes, the samplers, the skip concatenations); measured 240 against 254 ms a step
         compile_whole(unet)
+        samplers.one_timestep_dtype(unet)  # one graph for every sampler, not one per timestep dtype
         if speedups.levers & {"compile-blocks", "compile-resnets"}:
             log.info("speedups: compile-unet compiles the whole UNet; compile-blocks/compile-resnets are left out")
     elif "compile-blocks" in speedups:
