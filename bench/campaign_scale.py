@@ -63,7 +63,7 @@ def drive(redis_url: str, name: str) -> None:
         def get(self, model, on_progress=None):
             return object(), 0.0
 
-        def use_adapter(self, loaded, adapter, scale):
+        def use_adapters(self, loaded, stack):
             pass
 
         def generate(self, loaded, batch, on_step=None, on_progress=None):

@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import partial
 from typing import Any
 
+from common import adapter_stack
 from common.errors import InvalidJobSpec
 from common.samplers import SAMPLERS, SPACINGS, check_sampler, check_spacing
 
@@ -139,11 +140,26 @@ class GenParams:
         None, str, "string", check_spacing,
         flag=f"The sampler's timestep spacing ({', '.join(SPACINGS)}); none: the sampler's own",
     )  # fmt: skip
+    adapters: str | None = _param(
+        None, str, "string", adapter_stack.check,
+        flag="Several adapters with their weights, a.safetensors:0.8+b.safetensors:1, for rows without an "
+        "adapters cell (instead of --adapter)",
+    )  # fmt: skip
 
     def validate(self) -> GenParams:
         for f in fields(self):
             f.metadata["param"].check(f.name, getattr(self, f.name))
+        _require(
+            not (self.adapter and self.adapters),
+            "adapter and adapters are both set: give one adapter, or all of them in adapters (a:0.8+b:1)",
+        )
         return self
+
+    def stack(self) -> adapter_stack.Stack:
+        """The adapters this chunk runs with, each with its weight, in merge order."""
+        if self.adapter:
+            return ((self.adapter, float(self.adapter_scale)),)
+        return adapter_stack.parse(self.adapters) if self.adapters else ()
 
     def record(self) -> dict[str, Any]:
         """The parameters as each image's metadata line and PNG text carry them."""
@@ -165,7 +181,7 @@ class GenParams:
         return cls(**values)
 
     def short(self) -> str:
-        adapter = f" · {self.adapter}@{self.adapter_scale:g}" if self.adapter else ""
+        adapter = " · " + " + ".join(f"{name}@{weight:g}" for name, weight in self.stack()) if self.stack() else ""
         sampler = f" · {self.sampler}" if self.sampler else ""
         spacing = f" ({self.timestep_spacing})" if self.timestep_spacing else ""
         return (

@@ -23,6 +23,7 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
+from common import adapter_stack
 from common.enqueues import EnqueueRecord
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
@@ -168,12 +169,19 @@ def enqueue(file: Path, **opts: Any) -> None:
         except InvalidJobSpec as exc:
             raise ConfigError(f"--recipe: {exc}") from None
     check_model(settings.model)
+    if defaults.adapter and defaults.adapters:
+        raise ConfigError("--adapter and --adapters are both given: give one adapter, or all of them in --adapters")
     _check_flags(defaults)
     if defaults.adapter:
         try:
             adapter_path(defaults.adapter, check=defaults.check_paths)
         except InvalidJobSpec as exc:
             raise ConfigError(f"--adapter: {exc}") from None
+    if defaults.adapters:
+        try:
+            adapter_stack.canonical(defaults.adapters, lambda name: adapter_path(name, check=defaults.check_paths))
+        except InvalidJobSpec as exc:
+            raise ConfigError(f"--adapters: {exc}") from None
     conn = None if opts["dry_run"] else connect(settings.redis_url)
     output = check_output(settings.output, settings.s3_endpoint_url)
 

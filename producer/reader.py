@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from common import adapter_stack
 from common.errors import InputFileError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.naming import derived_seed
@@ -108,9 +109,14 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
     values = {name: value for name, value in values.items() if value is not None}
     if "prompt" not in values:
         raise InvalidJobSpec("prompt is empty")
-    adapter = values.get("adapter", defaults.adapter)
+    # a row's adapter or adapters cell wins over both flags; both cells are refused by validate
+    own = "adapter" in values or "adapters" in values
+    adapter = values.get("adapter") if own else defaults.adapter
+    stack = values.get("adapters") if own else defaults.adapters
     if adapter:
         adapter = _adapter_path(adapter, defaults.check_paths)
+    if stack:
+        stack = _stack_text(stack, defaults.check_paths)
     named = values.get("recipe", defaults.recipe)
     settings = recipe(named).settings() if named else {}
 
@@ -125,10 +131,11 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
     params = _params(
         model=defaults.model,
         adapter=adapter,
+        adapters=stack,
         **{  # a parameter that needs an adapter keeps its default without one
             name: _kind(kind, value(name)) if adapter or not PARAMS[name].with_adapter else PARAM_DEFAULTS[name]
             for name, kind in PARAM_COLUMNS.items()
-            if name != "adapter"
+            if name not in ("adapter", "adapters")
         },
     )
     prompt = values["prompt"]
@@ -149,13 +156,14 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
 
 def _against_recipe(params: GenParams, named: str | None) -> str | None:
     """A known few-step adapter or model whose row contradicts its recipe, in one line."""
-    found = recognised(params.adapter, params.model)
+    adapter = next((name for name, _ in params.stack() if recognised(name)), None)
+    found = recognised(adapter, params.model)
     if found is None or named == found[0]:
         return None
     said = contradictions(found[1], params.__dict__)
     if not said:
         return None
-    what = f"adapter {Path(params.adapter).name!r}" if recognised(params.adapter) else f"model {params.model!r}"
+    what = f"adapter {Path(adapter).name!r}" if adapter else f"model {params.model!r}"
     return f"{what} looks like {found[1].what}, run with {', '.join(said)}: --recipe {found[0]} (or a recipe cell)"
 
 
@@ -175,6 +183,12 @@ def _params(**values: Any) -> GenParams:
 def _adapter_path(adapter: str, check: bool) -> str:
     """The adapter as jobs store it (absolute, checked once per distinct cell)."""
     return adapter_path(adapter, check=check)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stack_text(text: str, check: bool) -> str:
+    """An adapters cell as jobs store it: each adapter absolute and checked, weights as ``%g``."""
+    return adapter_stack.canonical(text, lambda adapter: _adapter_path(adapter, check))
 
 
 def _coerce(name: str, value: Any) -> Any:

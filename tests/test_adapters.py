@@ -68,14 +68,14 @@ def test_an_adapter_reaches_fused_projections_and_leaves_them_again(cache_dir):
     assert np.array_equal(render(fused, None), plain)
 
 
-def make_lora(folder: Path, model_dir: Path, targets: list[str], *, alpha: int, metadata: bool) -> Path:
-    """A rank-4 LoRA on the tiny UNet with random factors, saved as diffusers saves one."""
+def make_lora(folder: Path, model_dir: Path, targets: list[str], *, alpha: int, metadata: bool, seed: int = 3) -> Path:
+    """A rank-4 LoRA on the tiny UNet with random factors (drawn from ``seed``), saved as diffusers saves one."""
     from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     unet = UNet2DConditionModel.from_pretrained(model_dir / "unet")
     config = LoraConfig(r=4, lora_alpha=alpha, target_modules=targets, init_lora_weights=False)
     unet.add_adapter(config)

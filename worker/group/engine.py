@@ -296,7 +296,7 @@ class RankEngine:
             return None
         if self.token_split:
             token_split.check_size(self.loaded.pipe, *self.token_split, params.width, params.height)
-        self.pipelines.use_adapter(self.loaded, params.adapter, params.adapter_scale)
+        self.pipelines.use_adapters(self.loaded, params.stack())
         result, _fitted = run_split(
             self.loaded.pipe,
             params,

@@ -76,8 +76,8 @@ class GroupPipelines:
         assert self.engine.loaded is not None
         return self.engine.loaded, 0.0
 
-    def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
-        """Nothing here: the adapter travels with the batch and every rank switches to it."""
+    def use_adapters(self, loaded: LoadedPipeline, stack: tuple[tuple[str, float], ...]) -> None:
+        """Nothing here: the adapters travel with the batch and every rank switches to them."""
 
     def generate(
         self,

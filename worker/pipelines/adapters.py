@@ -47,7 +47,8 @@ class MergedAdapters:
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
-        self.merged: tuple[str, float] | None = None
+        #: the adapters merged now, with their weights, in merge order (None: none)
+        self.merged: tuple[tuple[str, float], ...] | None = None
         self.disabled = False  # adapters switched off (a job without one)
         #: adapters read without PEFT (worker/pipelines/adapter_weights.py), by name
         self.direct: dict[str, AdapterWeights] = {}
@@ -122,29 +123,44 @@ class MergedAdapters:
 
     def current(self, name: str | None, scale: float) -> bool:
         """Whether ``name`` at ``scale`` (or no adapter) is what the pipeline runs with now."""
-        wanted = (name, float(scale)) if name is not None else None
+        return self.current_stack(((name, float(scale)),) if name is not None else ())
+
+    def current_stack(self, stack: tuple[tuple[str, float], ...]) -> bool:
+        """Whether these adapters at these weights, in this order (or none), are merged now."""
+        wanted = tuple((name, float(weight)) for name, weight in stack) or None
         return wanted == self.merged and (wanted is not None or self.disabled)
 
-    @torch.no_grad()
     def use(self, name: str | None, scale: float) -> None:
         """Make ``name`` at ``scale`` (or no adapter) the one the pipeline runs with."""
-        if self.current(name, scale):
+        self.use_stack(((name, float(scale)),) if name is not None else ())
+
+    @torch.no_grad()
+    def use_stack(self, stack: tuple[tuple[str, float], ...]) -> None:
+        """Make these adapters, merged in this order at their weights (or none), what the
+        pipeline runs with. PEFT's adapters first, all at once (``set_adapters`` with their
+        weights, then merged), then the directly read ones, each added to the weights the one
+        before it left: LoRAs add up whatever the order; a DoRA normalises what it finds."""
+        if self.current_stack(stack):
             return
         started = time.perf_counter()
         self.restore()
-        self.disabled = name is None
-        if name is not None and name in self.peft:
+        self.disabled = not stack
+        through_peft = [(name, weight) for name, weight in stack if name in self.peft]
+        if through_peft:
             self.remember_new_layers()
             self.pipe.enable_lora()
-            self.pipe.set_adapters([name], adapter_weights=[scale])  # scaling = alpha / r * scale
+            names = [name for name, _ in through_peft]
+            # scaling = alpha / r * weight, per adapter
+            self.pipe.set_adapters(names, adapter_weights=[weight for _, weight in through_peft])
             for layer in self.layers():
-                if name in getattr(layer, "lora_A", {}) or name in getattr(layer, "lora_B", {}):
-                    layer.merge(adapter_names=[name])
+                here = [n for n in names if n in getattr(layer, "lora_A", {}) or n in getattr(layer, "lora_B", {})]
+                if here:
+                    layer.merge(adapter_names=here)
         elif self.peft:
-            self.pipe.disable_lora()  # PEFT's adapters add nothing while another one is merged
-        if name is not None and name in self.direct:
-            self.direct[name].merge_into(self.pipe.unet, scale, self.remember)
-        if name is not None:
-            self.merged = (name, float(scale))
+            self.pipe.disable_lora()  # PEFT's adapters add nothing while others are merged
+        for name, weight in stack:
+            if name in self.direct:
+                self.direct[name].merge_into(self.pipe.unet, weight, self.remember)
+        self.merged = tuple((name, float(weight)) for name, weight in stack) or None
         self.unwrap()
-        log.debug("adapter %s merged in %.3fs", name or "none", time.perf_counter() - started)
+        log.debug("adapters %s merged in %.3fs", stack or "none", time.perf_counter() - started)

@@ -34,8 +34,8 @@ class GenerationBackend(Protocol):
         """The warm pipeline for ``model`` and the seconds spent loading it now (0 when warm)."""
         ...
 
-    def use_adapter(self, loaded: Any, adapter: str | None, scale: float) -> None:
-        """Make ``adapter`` (or none) active at ``scale`` for the next batch."""
+    def use_adapters(self, loaded: Any, stack: tuple[tuple[str, float], ...]) -> None:
+        """Make these adapters at their weights (or none) active for the next batch."""
         ...
 
     def generate(

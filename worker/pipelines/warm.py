@@ -485,20 +485,28 @@ class WarmPipelines:
         loaded.speedups = Speedups(loaded.speedups.levers - COMPILE_LEVERS)
 
     def use_adapter(self, loaded: LoadedPipeline, adapter: str | None, scale: float) -> None:
-        """Make ``adapter`` (or none) the one merged into the weights at ``scale``; load it the
-        first time it is named (see :mod:`worker.pipelines.adapters` for why merged)."""
-        if adapter is None and loaded.merged is None:
+        """Make ``adapter`` (or none) the one merged into the weights at ``scale``."""
+        self.use_adapters(loaded, ((adapter, scale),) if adapter is not None else ())
+
+    def use_adapters(self, loaded: LoadedPipeline, stack: tuple[tuple[str, float], ...]) -> None:
+        """Make these adapters, at their weights and in this order (or none), the ones merged
+        into the weights; each is loaded the first time it is named (see
+        :mod:`worker.pipelines.adapters` for why merged)."""
+        if not stack and loaded.merged is None:
             return
-        name = loaded.adapters.get(adapter) if adapter is not None else None
-        if loaded.merged is not None and (adapter is None or name is not None) and loaded.merged.current(name, scale):
-            return  # nothing to change: no offload hooks to take off and put back
+        names = [loaded.adapters.get(adapter) for adapter, _ in stack]
+        if loaded.merged is not None and all(names):
+            wanted = tuple((name, weight) for name, (_, weight) in zip(names, stack, strict=True))
+            if loaded.merged.current_stack(wanted):
+                return  # nothing to change: no offload hooks to take off and put back
         with weights_in_place(loaded.pipe, loaded.offload, self.device):
             if loaded.merged is None:
                 loaded.merged = MergedAdapters(loaded.pipe)
-            if adapter is not None and name is None:
-                loaded.merged.restore()  # the new adapter wraps pristine weights
-                name = self._load_adapter(loaded, loaded.merged, adapter)
-            loaded.merged.use(name, scale)
+            for i, (adapter, _) in enumerate(stack):
+                if names[i] is None:
+                    loaded.merged.restore()  # a new adapter wraps pristine weights
+                    names[i] = self._load_adapter(loaded, loaded.merged, adapter)
+            loaded.merged.use_stack(tuple((name, weight) for name, (_, weight) in zip(names, stack, strict=True)))
             touched = loaded.merged.touched()
             if "fuse-qkv" in loaded.speedups:
                 touched += fused_qkv.refresh(loaded.pipe, touched)  # the fused layers read no part adapters merge into

@@ -281,17 +281,20 @@ def _generate(run: Run) -> BatchResult:
     if rt.settings.offload == "auto" and getattr(loaded, "offload", "none") != "none":
         _to_a_group_if_served(run, f"{params.model} does not fit this GPU without offloading ({loaded.offload})")
     started = time.perf_counter()  # an adapter's first job loads it, a switch merges it: both show here
-    if params.adapter:
-        adapter = f"adapter {params.adapter!r}"
+    stack = params.stack()
+    adapters = [f"adapter {name!r}" for name, _ in stack]
+    for adapter in adapters:
         rt.breaker.check(adapter)
-        try:
-            rt.pipelines.use_adapter(loaded, params.adapter, params.adapter_scale)
-        except (AdapterNotFound, ModelLoadError) as exc:
+    try:
+        rt.pipelines.use_adapters(loaded, stack)
+    except (AdapterNotFound, ModelLoadError) as exc:
+        # the adapter that failed is named in the message; each of the stack's is counted against
+        failed = [a for a in adapters if a.removeprefix("adapter ") in str(exc)] or adapters
+        for adapter in failed:
             rt.breaker.failed(adapter, str(exc))
-            raise refused_here(get_current_job(), rt.worker_name, adapter, exc) from None
+        raise refused_here(get_current_job(), rt.worker_name, failed[0], exc) from None
+    for adapter in adapters:
         rt.breaker.succeeded(adapter)
-    else:
-        rt.pipelines.use_adapter(loaded, None, params.adapter_scale)
     timings["adapter_s"] = time.perf_counter() - started
 
     shape = (params.model, params.width, params.height)
