@@ -63,13 +63,15 @@ def status(env: dict[str, str]) -> dict:
 
 
 class Keys:
-    """Every key of a Redis as ``DUMP`` bytes, with its time to live when it has one."""
+    """Every key of a Redis as its content (not ``DUMP``'s bytes: a hash or set that grew past
+    its compact encoding is serialised in its table's order, which Redis's incremental rehashing
+    changes when nothing was written), with its time to live when it has one."""
 
     def __init__(self, conn: redis.Redis) -> None:
         self.at = time.monotonic()
-        self.values: dict[bytes, tuple[bytes | None, int]] = {}
+        self.values: dict[bytes, tuple[object, int]] = {}
         for key in conn.scan_iter(count=1000):
-            self.values[key] = (conn.dump(key), conn.pttl(key))
+            self.values[key] = (content(conn, key), conn.pttl(key))
 
     def changed_by(self, later: Keys) -> list[str]:
         """What differs, but keys whose own TTL ran out in between (a dead worker's key)."""
@@ -77,6 +79,20 @@ class Keys:
         differs = [k for k, (v, _) in later.values.items() if self.values.get(k, (None, 0))[0] != v]
         gone = [k for k, (_, ttl) in self.values.items() if k not in later.values and not 0 < ttl <= elapsed_ms]
         return sorted(k.decode(errors="replace") for k in differs + gone)
+
+
+def content(conn: redis.Redis, key: bytes) -> object:
+    """What ``key`` holds, the same whenever it holds the same."""
+    kind = conn.type(key).decode()
+    read = {
+        "string": lambda: conn.get(key),
+        "hash": lambda: sorted(conn.hgetall(key).items()),
+        "set": lambda: sorted(conn.smembers(key)),
+        "zset": lambda: conn.zrange(key, 0, -1, withscores=True),
+        "list": lambda: conn.lrange(key, 0, -1),
+        "stream": lambda: conn.xrange(key),
+    }
+    return kind, read[kind]() if kind in read else conn.dump(key)
 
 
 def dashboard_pages(env: dict[str, str], queue: str, job_id: str) -> list[str]:
