@@ -186,6 +186,7 @@ def enqueue(file: Path, **opts: Any) -> None:
     output = check_output(settings.output, settings.s3_endpoint_url)
 
     total_rows = count_lines(file) - (file_format(file) == "csv") if file.is_file() else None
+    settings_seen: dict[GenParams, int] = {}  # rows per chunk setting, for --dry-run's count of jobs
     fingerprint = file_fingerprint(file, defaults) if conn is not None and file.is_file() else ""
     if conn is not None and fingerprint and conn.sismember(checked_key(settings.queue), fingerprint):
         # the resume case: the same bytes with the same flags passed the check before
@@ -194,16 +195,18 @@ def enqueue(file: Path, **opts: Any) -> None:
     else:
         check = Progress("checking", total_rows, "rows")
         warnings: list[str] = []
-        rows = check_file(file, defaults, on_row=check.advance, warnings=warnings)
+        rows = check_file(file, defaults, on_row=check.advance, warnings=warnings, settings_seen=settings_seen)
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
         if conn is not None and fingerprint:
             conn.sadd(checked_key(settings.queue), fingerprint)
     if opts["dry_run"]:
-        chunks = -(-rows // settings.chunk_size)
+        # rows of equal settings share jobs, so each distinct setting rounds up on its own
+        jobs = sum(-(-n // settings.chunk_size) for n in settings_seen.values())
         click.echo(
-            f"{file}: {rows} rows are valid; about {chunks} job(s) of up to {settings.chunk_size} prompts "
-            f"for model {settings.model!r}. Dry run: nothing was enqueued."
+            f"{file}: {rows} rows are valid; {jobs} job(s) of up to {settings.chunk_size} prompts of equal settings "
+            f"({len(settings_seen)} distinct) for model {settings.model!r}, fewer if some are done or repeated. "
+            "Dry run: nothing was enqueued."
         )
         return
 

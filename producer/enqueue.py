@@ -91,10 +91,12 @@ def check_file(
     defaults: RowDefaults,
     on_row: Callable[[], None] | None = None,
     warnings: list[str] | None = None,
+    settings_seen: dict[GenParams, int] | None = None,
 ) -> int:
     """Validate every row; return the number of rows, or raise listing the bad ones. Rows that
     run a known few-step adapter or model against its recipe are added to ``warnings``
-    (``FILE:LINE: ...``), the first few of them."""
+    (``FILE:LINE: ...``), the first few of them; ``settings_seen`` counts the rows of each
+    chunk's settings (what ``--dry-run`` counts jobs from)."""
     errors: list[RowError] = []
     ids: dict[str, tuple[str, int]] = {}
     rows = 0
@@ -105,6 +107,8 @@ def check_file(
             errors.append(result)
             continue
         rows += 1
+        if settings_seen is not None:
+            settings_seen[result.params] = settings_seen.get(result.params, 0) + 1
         if result.warning and warnings is not None and len(warnings) < MAX_ERRORS_SHOWN:
             warnings.append(f"{path}:{result.line}: {result.warning}")
         row_id = result.item.id

@@ -83,11 +83,15 @@ def test_bad_file_enqueues_nothing_and_names_the_rows(env, conn, tmp_path):
     assert conn.hlen(items_key("diffq")) == 0
 
 
-def test_dry_run_enqueues_nothing(env, conn, tmp_path):
+def test_dry_run_enqueues_nothing_and_counts_the_jobs_the_enqueue_makes(env, conn, tmp_path):
+    """The examples' rows are of two settings (one row has an adapter): a dry run said "about 2
+    job(s)" where the enqueue made 3; it counts each setting's jobs as the enqueue chunks them."""
     result = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--dry-run")
     assert result.exit_code == 0
-    assert "12 rows are valid" in result.output
+    assert "12 rows are valid; 3 job(s)" in result.output
     assert get_queue("diffq", conn).count == 0
+    assert producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--output", tmp_path).exit_code == 0
+    assert get_queue("diffq", conn).count == 3
 
 
 def test_jobs_are_json_with_a_readable_description(env, conn, tmp_path):
