@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import redis
+from click.core import ParameterSource
 from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
@@ -195,9 +196,20 @@ def enqueue(file: Path, **opts: Any) -> None:
     else:
         check = Progress("checking", total_rows, "rows")
         warnings: list[str] = []
-        rows = check_file(file, defaults, on_row=check.advance, warnings=warnings, settings_seen=settings_seen)
+        overridden = dict.fromkeys(_flags_given(), 0)
+        rows = check_file(
+            file, defaults, on_row=check.advance, warnings=warnings, settings_seen=settings_seen, overridden=overridden
+        )
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
+        for column, won in overridden.items():
+            if won:
+                flag = "--" + column.replace("_", "-")
+                click.echo(
+                    f"note: {flag} is for rows without a {column} cell; {won} of {rows} row(s) have their own "
+                    f"(a cell wins): empty those cells for {flag} to apply",
+                    err=True,
+                )
         if conn is not None and fingerprint:
             conn.sadd(checked_key(settings.queue), fingerprint)
     if opts["dry_run"]:
@@ -251,6 +263,14 @@ def enqueue(file: Path, **opts: Any) -> None:
             f"none of them was queued for {output} (a queue is one campaign with one output). To make them in "
             f"{output}, give it a queue of its own: --queue <name> (or DIFFQ_QUEUE)"
         )
+
+
+def _flags_given() -> list[str]:
+    """The row columns whose flag this command line (or its environment) set."""
+    ctx = click.get_current_context()
+    columns = [*PARAM_DEFAULTS, "num_images", "seed"]
+    sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    return [name for name in columns if name in ctx.params and ctx.get_parameter_source(name) in sources]
 
 
 def _check_flags(defaults: RowDefaults) -> None:

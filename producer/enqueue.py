@@ -92,11 +92,13 @@ def check_file(
     on_row: Callable[[], None] | None = None,
     warnings: list[str] | None = None,
     settings_seen: dict[GenParams, int] | None = None,
+    overridden: dict[str, int] | None = None,
 ) -> int:
     """Validate every row; return the number of rows, or raise listing the bad ones. Rows that
     run a known few-step adapter or model against its recipe are added to ``warnings``
     (``FILE:LINE: ...``), the first few of them; ``settings_seen`` counts the rows of each
-    chunk's settings (what ``--dry-run`` counts jobs from)."""
+    chunk's settings (what ``--dry-run`` counts jobs from); ``overridden`` counts, for each
+    column named in it, the rows whose own cell won over that column's flag."""
     errors: list[RowError] = []
     ids: dict[str, tuple[str, int]] = {}
     rows = 0
@@ -109,6 +111,9 @@ def check_file(
         rows += 1
         if settings_seen is not None:
             settings_seen[result.params] = settings_seen.get(result.params, 0) + 1
+        if overridden is not None:
+            for column in overridden.keys() & result.cells:
+                overridden[column] += 1
         if result.warning and warnings is not None and len(warnings) < MAX_ERRORS_SHOWN:
             warnings.append(f"{path}:{result.line}: {result.warning}")
         row_id = result.item.id

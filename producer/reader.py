@@ -70,6 +70,8 @@ class Row:
     item: PromptItem
     #: a known few-step adapter or model run against its recipe (said at enqueue, not refused)
     warning: str | None = None
+    #: the columns this row gave a value (a cell wins over its flag)
+    cells: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         num_images=values.get("num_images", defaults.num_images),
         id=row_id,
     ).validate()
-    return Row(line=line, params=params, item=item, warning=_against_recipe(params, named))
+    return Row(line=line, params=params, item=item, warning=_against_recipe(params, named), cells=frozenset(values))
 
 
 def _against_recipe(params: GenParams, named: str | None) -> str | None:

@@ -155,3 +155,16 @@ def test_enqueue_survives_redis_losing_its_scripts_between_load_and_run(env, con
     assert result.exit_code == 0, result.output
     assert len(flushed) == 2 and "6 new" in result.output
     assert sum(len(s.items) for s in queued_specs(conn)) == 6 and conn.hlen(items_key("diffq")) == 6
+
+
+def test_a_flag_that_rows_own_cells_override_is_said_once_with_the_count(env, conn, tmp_path):
+    """``--num-images 2`` on the examples made one image per prompt and said nothing: their
+    ``num_images`` column wins. The rule stays (a cell wins); the enqueue says it, once per flag."""
+    result = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--num-images", "2", "--seed", "5", "--dry-run")
+    assert result.exit_code == 0
+    notes = [line for line in result.output.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2, result.output
+    assert "note: --num-images is for rows without a num_images cell; 12 of 12 row(s) have their own" in notes[0]
+    assert "note: --seed is for rows without a seed cell;" in notes[1] and " of 12 row(s)" in notes[1]
+    quiet = producer("enqueue", EXAMPLES / "prompts.csv", *TINY_FLAGS, "--dry-run")
+    assert "note:" not in quiet.output  # the flags the command did not give are not said
