@@ -6,12 +6,16 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch is pinned for the dev/test install (the CPU build); CUDA images bring their own.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-long test-soak test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
+.PHONY: install install-test demo test test-long test-soak test-all test-fast test-workers test-compose test-slurm image image-py311 lint docs format clean
 
+# make install: what make demo needs (the venv and redis-server); the test targets add the
+# tools only tests use (openssl, chromium, prometheus) through install-test
 install: $(VENV)/.installed
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+
+install-test: install
 	@command -v openssl >/dev/null || { \
 	  echo "installing openssl from Debian's packages (the TLS test makes a certificate)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openssl >/dev/null; }
@@ -36,26 +40,26 @@ demo: install
 
 # Each tier has a time budget on 2 cores (docs/testing.md); --durations shows a slow test the day it lands.
 # make test: everything but the long variants, under 10 minutes; CI runs it, then test-long
-test: install
+test: install-test
 	$(BIN)/pytest -q -m "not long" --durations=25
 
 # the long variants and the full fault matrix: what make test leaves out (CI runs it too)
-test-long: install
+test-long: install-test
 	$(BIN)/pytest -q -m "long and not soak" --durations=25
 
 # repeated rounds, scale and the slowest recoveries: before a release and after touching recovery (not in CI)
-test-soak: install
+test-soak: install-test
 	$(BIN)/pytest -q -m soak --durations=25
 
-test-all: install
+test-all: install-test
 	$(BIN)/pytest -q --durations=25
 
 # every module's logic against real Redis and S3, no worker process (docs/testing.md)
-test-fast: install
+test-fast: install-test
 	$(BIN)/pytest -q -m "not slow and not worker"
 
 # the end-to-end runs through real worker processes that are not slow
-test-workers: install
+test-workers: install-test
 	$(BIN)/pytest -q -m "worker and not slow"
 
 # The shipped image and compose file, built and run on a real Docker engine on this host's CPU
@@ -80,12 +84,12 @@ image-py311: image
 	 echo "image diffq:py311 built in $$(( $$(date +%s) - start )) s: $$(docker run --rm --entrypoint python3 diffq:py311 --version)"
 	@docker image prune -f --filter label=org.opencontainers.image.title=diffq >/dev/null  # its untagged previous build
 
-test-compose: install image
+test-compose: install-test image
 	$(BIN)/pytest -q tests/compose
 
 # Workers as Slurm jobs on a real slurmctld + slurmd + munged started on this machine (one node,
 # CPUs only; tests/slurm). Installs Debian's Slurm and munge when they are missing.
-test-slurm: install
+test-slurm: install-test
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || { \
 	  echo "installing slurmctld, slurmd, slurm-client and munge from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
