@@ -215,6 +215,12 @@ def paused_key(queue: str) -> str:
     return f"diffq:{campaign_of(queue)}:paused"
 
 
+def load_failures_key(queue: str) -> str:
+    """Each model's last failed load by a worker of the campaign: ``model -> {worker, reason,
+    at}`` (JSON); a load that works removes its model. ``producer status`` shows them."""
+    return f"diffq:{campaign_of(queue)}:load-failures"
+
+
 def enqueued_key(queue: str) -> str:
     return f"diffq:{campaign_of(queue)}:enqueued"
 

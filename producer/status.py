@@ -24,7 +24,7 @@ from rq.serializers import JSONSerializer
 from common.enqueues import EnqueueRun
 from common.heartbeats import beating, seen_workers
 from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, is_group_lane, lanes, made_by_key
-from common.queues import RECENT_WINDOW_S, finished_key, get_queue, paused_key, recent_key
+from common.queues import RECENT_WINDOW_S, finished_key, get_queue, load_failures_key, paused_key, recent_key
 from common.reconcile import failed_images, is_complete, left
 from producer.progress import format_duration
 
@@ -94,6 +94,8 @@ class QueueStatus:
     failures: list[Failure] = field(default_factory=list)
     #: live workers that take no jobs (or not some), and why: full disk, a model they cannot load
     paused: dict[str, list[str]] = field(default_factory=dict)
+    #: each model's last failed load: model -> {worker, reason, at}
+    load_failures: dict[str, dict] = field(default_factory=dict)
     #: the workers were looked at (``collect(details=True)``)
     details: bool = False
     #: of ``queued``, the jobs only a group takes (the group lane, :mod:`common.lanes`)
@@ -219,6 +221,7 @@ class QueueStatus:
             "for_groups": self.for_groups,
             "made_by": self.made_by,
             "paused": self.paused,
+            "load_failures": self.load_failures,
         }
 
 
@@ -330,6 +333,8 @@ def _fill_details(
                 live.setdefault(worker.name, set()).add(q.name)
     status.workers = sorted(live)
     status.groups = sorted(name for name, served in live.items() if any(is_group_lane(q) for q in served))
+    for model, raw in conn.hgetall(load_failures_key(queue_name)).items():
+        status.load_failures[model.decode()] = json.loads(raw)
     for name, raw in conn.hgetall(paused_key(queue_name)).items():
         if name.decode() in status.workers:
             status.paused[name.decode()] = json.loads(raw).get("reasons", [])
@@ -400,4 +405,7 @@ def render(status: QueueStatus, redis_label: str) -> str:
         lines.append(f"  groups    {len(status.groups)} of them serve the group lane: " + ", ".join(status.groups))
     for name, reasons in sorted(status.paused.items()):
         lines += [f"  paused    {name}: {reason}" for reason in reasons]
+    for model, said in sorted(status.load_failures.items()):
+        ago = format_duration(time.time() - float(said.get("at", 0)))
+        lines.append(f"  model     {model} did not load on {said.get('worker')} ({ago} ago): {said.get('reason')}")
     return "\n".join(lines)

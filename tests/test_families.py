@@ -163,3 +163,41 @@ def test_a_campaign_over_two_families_and_three_samplers_makes_every_image_once_
     for model, rows in (("tiny-pixart", pixart), ("tiny-sd3", sd3)):
         again = producer("enqueue", rows, "--model", model, *flags)
         assert again.exit_code == 0 and "0 new" in again.output, again.output
+
+
+@pytest.mark.worker
+def test_status_shows_each_models_last_failed_load_until_it_loads(env, conn, cache_dir, tmp_path):
+    """A folder that names an SDXL pipeline but lost its UNet's weights passes the enqueue and
+    cannot load on a worker: the job stays (the worker's environment, not the job), and
+    ``producer status`` says which model did not load where and why; once it loads, it says no more."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT, run_worker
+
+    model = tmp_path / "broken-sdxl"
+    shutil.copytree(cache_dir / "models" / "tiny", model)
+    weights = next((model / "unet").glob("*.safetensors"))
+    kept = weights.rename(tmp_path / weights.name)
+    rows = write_csv(tmp_path / "p.csv", "prompt\na fox\n")
+    flags = ("--model", str(model), "--width", "64", "--height", "64", "--steps", "2", "--output", tmp_path / "out")
+    assert producer("enqueue", rows, *flags).exit_code == 0
+    run_worker(env, "--name", "W1")
+
+    def status() -> tuple[str, dict]:
+        cmd = [sys.executable, "-m", "producer", "status"]
+        text = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+        raw = subprocess.run([*cmd, "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return text, json.loads(raw.stdout)
+
+    text, said = status()
+    assert said["jobs"]["queued"] == 1 and said["jobs"]["failed"] == 0, said  # the job waits, whole
+    (line,) = [line for line in text.splitlines() if line.strip().startswith("model ")]
+    assert f"{model} did not load on W1" in line and "cannot be loaded" in line, text
+    assert said["load_failures"][str(model)]["worker"] == "W1"
+    kept.rename(weights)
+    run_worker(env, "--name", "W2")
+    assert_exactly_once(tmp_path / "out", 1)
+    text, said = status()
+    assert said["load_failures"] == {} and "did not load" not in text

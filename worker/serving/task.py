@@ -12,6 +12,7 @@ the worker's writer thread while the next job denoises (see :mod:`worker.serving
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from common.jobspec import JobSpec, PromptItem
 from common.lanes import MADE_BY_WORKER, campaign_of, group_lane
 from common.ledger import Ledger, is_done
 from common.naming import image_relpath, item_key
-from common.queues import items_key, queued_jobs, seen_key, seen_member
+from common.queues import items_key, load_failures_key, queued_jobs, seen_key, seen_member
 from common.reconcile import live_workers
 from common.storage import is_url
 from worker.output.destination import Destination, open_destination
@@ -276,8 +277,11 @@ def _generate(run: Run) -> BatchResult:
             force=True, loading=text))  # fmt: skip
     except ModelLoadError as exc:
         rt.breaker.failed(model, str(exc))
+        _said_load(run, params.model, str(exc))
         raise refused_here(get_current_job(), rt.worker_name, model, exc) from None
     rt.breaker.succeeded(model)
+    if timings["load_s"]:
+        _said_load(run, params.model, None)
     if rt.settings.offload == "auto" and getattr(loaded, "offload", "none") != "none":
         _to_a_group_if_served(run, f"{params.model} does not fit this GPU without offloading ({loaded.offload})")
     started = time.perf_counter()  # an adapter's first job loads it, a switch merges it: both show here
@@ -327,6 +331,23 @@ def _generate(run: Run) -> BatchResult:
             "job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles
         )
     return result
+
+
+def _said_load(run: Run, model: str, reason: str | None) -> None:
+    """Keep ``model``'s failed load for ``producer status`` (None: it loaded, forget the last
+    failure). Best effort: Redis being away must not turn a load into a failed job."""
+    conn = run.conn
+    if conn is None:
+        return
+    key = load_failures_key(run.queue_name)
+    try:
+        if reason is None:
+            conn.hdel(key, model)
+        else:
+            said = {"worker": run.ctx.runtime.worker_name, "reason": reason, "at": time.time()}
+            conn.hset(key, model, json.dumps(said))
+    except redis.RedisError as exc:
+        log.warning("could not record model %s's load for producer status: %s", model, exc)
 
 
 def _on_step(ctx: JobContext, progress: _Progress, step: int, steps: int) -> None:
