@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import partial
 from typing import Any
 
-from common import adapter_stack
+from common import adapter_stack, scorers
 from common.errors import InvalidJobSpec
 from common.samplers import SAMPLERS, SPACINGS, check_sampler, check_spacing
 
@@ -226,6 +226,8 @@ class JobSpec:
     params: GenParams
     output: str
     items: tuple[PromptItem, ...] = field(default_factory=tuple)
+    #: reward scores its worker computes for each image (``name=model``, common/scorers.py)
+    scores: tuple[str, ...] = ()
 
     @property
     def num_images(self) -> int:
@@ -237,27 +239,35 @@ class JobSpec:
         _require(len(self.items) > 0, "a job needs at least one prompt")
         for item in self.items:
             item.validate()
+        if self.scores:
+            scorers.check(self.scores)
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "v": SPEC_VERSION,
             "params": dict(self.params.__dict__),
             "output": self.output,
             "items": [dict(item.__dict__) for item in self.items],
         }
+        if self.scores:  # only when asked: a payload without scores is the one it always was
+            data["scores"] = list(self.scores)
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> JobSpec:
         """Build and validate a spec from untrusted JSON; unknown or missing fields are errors."""
         _require(isinstance(data, dict), "job payload must be a JSON object")
         _require(data.get("v") == SPEC_VERSION, f"job payload version {data.get('v')!r} is not {SPEC_VERSION}")
-        _require(set(data) == {"v", "params", "output", "items"}, f"job payload has fields {sorted(data)}")
+        known = {"v", "params", "output", "items"}
+        _require(known <= set(data) <= known | {"scores"}, f"job payload has fields {sorted(data)}")
         params = _build(GenParams, data["params"], "params")
         raw_items = data["items"]
         _require(isinstance(raw_items, list), "items must be a list")
         items = tuple(_build(PromptItem, raw, "item") for raw in raw_items)
-        return cls(params=params, output=data["output"], items=items).validate()
+        scores = data.get("scores", [])
+        _require(isinstance(scores, list), "scores must be a list")
+        return cls(params=params, output=data["output"], items=items, scores=tuple(scores)).validate()
 
     def describe(self, width: int = 60) -> str:
         """A one-line summary for logs and rq-dashboard: the first prompt, shortened, and settings."""

@@ -215,6 +215,12 @@ def paused_key(queue: str) -> str:
     return f"diffq:{campaign_of(queue)}:paused"
 
 
+def scores_key(queue: str) -> str:
+    """The reward scores recorded so far, per scorer: ``<name>:n``, ``:sum`` and ``:sumsq``
+    (``producer status`` shows their mean and spread)."""
+    return f"diffq:{campaign_of(queue)}:scores"
+
+
 def load_failures_key(queue: str) -> str:
     """Each model's last failed load by a worker of the campaign: ``model -> {worker, reason,
     at}`` (JSON); a load that works removes its model. ``producer status`` shows them."""

@@ -24,7 +24,7 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
-from common import adapter_stack
+from common import adapter_stack, scorers
 from common.enqueues import EnqueueRecord
 from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
@@ -32,6 +32,7 @@ from common.lanes import group_lane, lanes
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
 from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key, refusal
 from common.recipes import RECIPES, recipe
+from common.scorers import SCORERS, check_scorer_model
 from common.settings import Settings, is_placeholder, redact
 from common.storage import Store, is_url, local_path, problem
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
@@ -113,6 +114,12 @@ def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
     help=f"A few-step model's settings ({', '.join(RECIPES)}): steps, guidance, sampler, "
     "spacing and size for what cells and flags leave open (docs/usage.md has each one's licence).",
 )
+@click.option(
+    "--score",
+    "score",
+    help=f"Reward scores each image gets in its worker ({', '.join(SCORERS)}; "
+    "name=model for another model), in its metadata line and PNG: clip,aesthetic.",
+)
 @click.option("--num-images", type=int, default=_default(PromptItem, "num_images"), show_default=True,
               help="Images per prompt, for rows without a num_images cell.")  # fmt: skip
 @click.option("--output", help="Folder, or s3:// (any fsspec) URL, the workers write images to "
@@ -173,6 +180,12 @@ def enqueue(file: Path, **opts: Any) -> None:
     if defaults.adapter and defaults.adapters:
         raise ConfigError("--adapter and --adapters are both given: give one adapter, or all of them in --adapters")
     _check_flags(defaults)
+    try:
+        scores = scorers.parse(opts["score"]) if opts["score"] else ()
+        for spec in scores:
+            check_scorer_model(spec.partition("=")[2])
+    except InvalidJobSpec as exc:
+        raise ConfigError(f"--score: {exc}") from None
     if defaults.adapter:
         try:
             adapter_path(defaults.adapter, check=defaults.check_paths)
@@ -222,7 +235,7 @@ def enqueue(file: Path, **opts: Any) -> None:
         )
         return
 
-    options = replace(EnqueueOptions.from_settings(settings, output), latency=opts["latency"])
+    options = replace(EnqueueOptions.from_settings(settings, output), latency=opts["latency"], scores=scores)
     bar = Progress("enqueue", rows, "rows")
     enqueuer = Enqueuer(conn, settings.queue, options)
     enqueuer.on_wait = lambda queued: bar.update(

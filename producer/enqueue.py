@@ -57,6 +57,8 @@ class EnqueueOptions:
     max_queued: int = 0
     #: the jobs go to the group lane (:mod:`common.lanes`): only multi-GPU groups take them
     latency: bool = False
+    #: reward scores each job's worker computes (``--score``, common/scorers.py)
+    scores: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings, output: str) -> EnqueueOptions:
@@ -408,7 +410,9 @@ class Enqueuer:
     def _job(self, pipe: redis.client.Pipeline, params: GenParams, keyed: list[tuple[str, PromptItem]]) -> JobSpec:
         """Queue CLAIM of one chunk's job on ``pipe``; return its spec."""
         keys = [key for key, _ in keyed]
-        spec = JobSpec(params=params, output=self.options.output, items=tuple(i for _, i in keyed))
+        spec = JobSpec(
+            params=params, output=self.options.output, items=tuple(i for _, i in keyed), scores=self.options.scores
+        )
         jid = job_id(keys, spec.output, self.campaign)  # the same id in either lane
         job = self.queue.create_job(
             TASK_FUNC,

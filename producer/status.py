@@ -24,7 +24,15 @@ from rq.serializers import JSONSerializer
 from common.enqueues import EnqueueRun
 from common.heartbeats import beating, seen_workers
 from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, is_group_lane, lanes, made_by_key
-from common.queues import RECENT_WINDOW_S, finished_key, get_queue, load_failures_key, paused_key, recent_key
+from common.queues import (
+    RECENT_WINDOW_S,
+    finished_key,
+    get_queue,
+    load_failures_key,
+    paused_key,
+    recent_key,
+    scores_key,
+)
 from common.reconcile import failed_images, is_complete, left
 from producer.progress import format_duration
 
@@ -94,6 +102,8 @@ class QueueStatus:
     failures: list[Failure] = field(default_factory=list)
     #: live workers that take no jobs (or not some), and why: full disk, a model they cannot load
     paused: dict[str, list[str]] = field(default_factory=dict)
+    #: the reward scores recorded so far: name -> {n, mean, sd}
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
     #: each model's last failed load: model -> {worker, reason, at}
     load_failures: dict[str, dict] = field(default_factory=dict)
     #: the workers were looked at (``collect(details=True)``)
@@ -222,7 +232,22 @@ class QueueStatus:
             "made_by": self.made_by,
             "paused": self.paused,
             "load_failures": self.load_failures,
+            "scores": self.scores,
         }
+
+
+def score_summary(sums: dict[bytes, bytes]) -> dict[str, dict[str, float]]:
+    """Each scorer's count, mean and standard deviation from its running sums."""
+    values = {k.decode(): float(v) for k, v in sums.items()}
+    summary = {}
+    for name in sorted({k.rsplit(":", 1)[0] for k in values}):
+        n = values.get(f"{name}:n", 0.0)
+        if n <= 0:
+            continue
+        mean = values.get(f"{name}:sum", 0.0) / n
+        var = max(values.get(f"{name}:sumsq", 0.0) / n - mean * mean, 0.0)
+        summary[name] = {"n": n, "mean": round(mean, 4), "sd": round(var**0.5, 4)}
+    return summary
 
 
 def failure_reason(job: Job) -> str:
@@ -333,6 +358,7 @@ def _fill_details(
                 live.setdefault(worker.name, set()).add(q.name)
     status.workers = sorted(live)
     status.groups = sorted(name for name, served in live.items() if any(is_group_lane(q) for q in served))
+    status.scores = score_summary(conn.hgetall(scores_key(queue_name)))
     for model, raw in conn.hgetall(load_failures_key(queue_name)).items():
         status.load_failures[model.decode()] = json.loads(raw)
     for name, raw in conn.hgetall(paused_key(queue_name)).items():
@@ -405,6 +431,10 @@ def render(status: QueueStatus, redis_label: str) -> str:
         lines.append(f"  groups    {len(status.groups)} of them serve the group lane: " + ", ".join(status.groups))
     for name, reasons in sorted(status.paused.items()):
         lines += [f"  paused    {name}: {reason}" for reason in reasons]
+    for name, summary in sorted(status.scores.items()):
+        lines.append(
+            f"  score     {name}: mean {summary['mean']:.3f} ± {summary['sd']:.3f} over {summary['n']:.0f} img"
+        )
     for model, said in sorted(status.load_failures.items()):
         ago = format_duration(time.time() - float(said.get("at", 0)))
         lines.append(f"  model     {model} did not load on {said.get('worker')} ({ago} ago): {said.get('reason')}")

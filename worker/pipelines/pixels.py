@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,8 @@ class BatchResult:
     peak_bytes: int = 0
     #: what the denoiser computed in: "fp8" (static-scale FP8 linears) or the weights' dtype
     precision: str = ""
+    #: each image's reward scores by name (``--score``; worker/pipelines/scores.py), when asked
+    scores: list[dict[str, float]] = field(default_factory=list)
 
 
 def sync(device: torch.device) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from common.lanes import MADE_BY_WORKER
 from common.settings import Settings
 from worker.pipelines.backend import GenerationBackend
+from worker.pipelines.scores import Scorers
 from worker.serving.breaker import Breaker
 from worker.serving.metrics import WorkerMetrics
 
@@ -29,6 +30,8 @@ class Runtime:
     metrics: WorkerMetrics | None = None
     #: who made this worker's images, in the campaign's ``made-by`` count (``producer status``)
     made_by: str = MADE_BY_WORKER
+    #: the reward scorers loaded for jobs that ask for scores (made at the first such job)
+    scorers: Scorers | None = None
 
 
 def worker_name(gpu_label: str) -> str:

@@ -37,12 +37,13 @@ from common.jobspec import JobSpec, PromptItem
 from common.lanes import MADE_BY_WORKER, campaign_of, group_lane
 from common.ledger import Ledger, is_done
 from common.naming import image_relpath, item_key
-from common.queues import items_key, load_failures_key, queued_jobs, seen_key, seen_member
+from common.queues import items_key, load_failures_key, queued_jobs, scores_key, seen_key, seen_member
 from common.reconcile import live_workers
 from common.storage import is_url
 from worker.output.destination import Destination, open_destination
 from worker.pipelines.backend import Batch
 from worker.pipelines.pixels import BatchResult
+from worker.pipelines.scores import Scorers
 from worker.serving import context
 from worker.serving.context import JobContext
 from worker.serving.failures import refused_here
@@ -126,6 +127,8 @@ class Run:
     progress: _Progress
     started: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    #: each image's reward scores, in the order of ``plan.todo`` (empty: none asked)
+    scores: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def conn(self) -> redis.Redis | None:
@@ -185,10 +188,12 @@ def _tail(run: Run, batch: BatchResult) -> dict[str, Any]:
     plan, chunk, job = run.plan, run.chunk, run.job
     records: list[dict[str, Any]] = []
     if plan.todo:
+        run.scores = batch.scores
         records = _save(run, batch.images)
         run.progress.update(images_done=plan.skipped + len(plan.existing) + len(records))
     existing = [_item_record(chunk, item, key, i) | {"recovered": True} for key, item, i in plan.existing]
     counted = _record(run, records + existing)
+    _count_scores(run, records[:counted])
     timings = run.timings
     timings["total_s"] = time.perf_counter() - run.started
     if run.ctx.runtime.metrics is not None:
@@ -326,11 +331,45 @@ def _generate(run: Run) -> BatchResult:
         rt.batch_limits[shape] = fitted
         progress.update(force=True, split_batch=fitted)
     timings.update(encode_s=result.encode_s, denoise_s=result.denoise_s, decode_s=result.decode_s)
+    if run.chunk.scores and result.images:
+        started = time.perf_counter()
+        result.scores = _scores(run, result.images, batch.prompts)
+        timings["score_s"] = time.perf_counter() - started
     if result.compiles:
         log.info(
             "job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles
         )
     return result
+
+
+def _scores(run: Run, images: list[Image.Image], prompts: list[str]) -> list[dict[str, float]]:
+    """The batch's reward scores, on this worker's device; a scorer that will not load is left
+    out and said in ``producer status`` as a model that did not load, the images still made."""
+    rt = run.ctx.runtime
+    if rt.scorers is None:
+        rt.scorers = Scorers(getattr(rt.pipelines, "device", "cpu"), rt.settings.cache_dir)
+    return rt.scorers.score(
+        run.chunk.scores, images, prompts, on_broken=lambda spec, why: _said_load(run, f"scorer {spec}", why)
+    )
+
+
+def _count_scores(run: Run, records: list[dict[str, Any]]) -> None:
+    """Add the recorded images' scores to the campaign's sums (best effort: what status shows
+    of them trails the lines, never leads them)."""
+    conn = run.conn
+    scored = [r["scores"] for r in records if r.get("scores")]
+    if conn is None or not scored:
+        return
+    try:
+        with conn.pipeline(transaction=False) as pipe:
+            for scores in scored:
+                for name, value in scores.items():
+                    pipe.hincrbyfloat(scores_key(run.queue_name), f"{name}:n", 1)
+                    pipe.hincrbyfloat(scores_key(run.queue_name), f"{name}:sum", value)
+                    pipe.hincrbyfloat(scores_key(run.queue_name), f"{name}:sumsq", value * value)
+            pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("could not count this job's scores for producer status: %s", exc)
 
 
 def _said_load(run: Run, model: str, reason: str | None) -> None:
@@ -360,6 +399,9 @@ def _save(run: Run, images: list[Image.Image]) -> list[dict[str, Any]]:
     started = time.perf_counter()
     created = datetime.now(UTC).isoformat(timespec="seconds")
     records = [_item_record(run.chunk, item, key, index) | {"created": created} for key, item, index in run.plan.todo]
+    for record, scores in zip(records, run.scores, strict=False):
+        if scores:  # in the PNG and the line, beside the parameters
+            record["scores"] = scores
     run.output.write_images(records, images)
     run.timings["save_s"] = time.perf_counter() - started
     per_image = {k: round(v / len(records), 4) for k, v in run.timings.items()}

@@ -1,0 +1,142 @@
+"""Reward scores of a batch's images, computed on the worker's device before they are written.
+
+A scorer is a CLIP model (transformers' ``CLIPModel`` and ``CLIPProcessor``, from a hub id, a
+folder or the ``tiny-clip`` preset): ``clip`` is 100 × the cosine of the image's and the
+prompt's embeddings, 0 at worst (torchmetrics' CLIPScore); ``pickscore`` the model's logit
+scale × that cosine (PickScore's reward); ``aesthetic`` a linear head
+(``aesthetic_head.safetensors``: ``weight`` [1, D], ``bias`` [1]) over the normalised image
+embedding. The images scored are the PIL images the worker writes, so a score describes the
+bytes on disk.
+
+A scorer that cannot load is the worker's environment, not the job's: it is said once, left out
+for the rest of this worker's life (the images are still made, their lines carry the scores
+that did load), and kept for ``producer status`` beside the models that did not load.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+log = logging.getLogger("diffq.worker")
+
+HEAD_FILE = "aesthetic_head.safetensors"
+TINY_CLIP_SEED = 20261202
+
+
+class Scorers:
+    """The scorers this worker has loaded, by model, and those that would not load."""
+
+    def __init__(self, device: Any, cache_dir: str) -> None:
+        self.device = torch.device(device) if not isinstance(device, torch.device) else device
+        self.cache_dir = cache_dir
+        self._models: dict[str, tuple[Any, Any]] = {}
+        self._heads: dict[str, torch.nn.Linear] = {}
+        #: spec -> why it did not load (left out from then on)
+        self.broken: dict[str, str] = {}
+
+    @torch.inference_mode()
+    def score(
+        self, specs: tuple[str, ...], images: list[Image.Image], prompts: list[str],
+        on_broken: Callable[[str, str], None] | None = None,
+    ) -> list[dict[str, float]]:  # fmt: skip
+        """Each image's scores by name; a scorer that does not load is left out (``on_broken``
+        hears it the first time, with why)."""
+        found: list[dict[str, float]] = [{} for _ in images]
+        for spec in specs:
+            if spec in self.broken or not images:
+                continue
+            name, _, model = spec.partition("=")
+            try:
+                values = self._one(name, model, images, prompts)
+            except Exception as exc:  # a hub id not there, a folder without a head, no memory
+                why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+                self.broken[spec] = why
+                log.error("scorer %s cannot score on this worker (%s); its images are made without it", spec, why)
+                if on_broken is not None:
+                    on_broken(spec, why)
+                continue
+            for record, value in zip(found, values, strict=True):
+                record[name] = round(value, 4)
+        return found
+
+    def _one(self, name: str, model: str, images: list[Image.Image], prompts: list[str]) -> list[float]:
+        clip, processor = self._load(model)
+        inputs = processor(text=prompts, images=[i.convert("RGB") for i in images], return_tensors="pt", padding=True,
+                           truncation=True)  # fmt: skip
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        pixels = inputs["pixel_values"].to(clip.dtype)
+        image = clip.get_image_features(pixel_values=pixels)
+        image = _tensor(image)
+        image = image / image.norm(dim=-1, keepdim=True)
+        if name == "aesthetic":
+            head = self._head(model, image.shape[-1])
+            return head(image.float()).squeeze(-1).tolist()
+        text = _tensor(
+            clip.get_text_features(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+        )
+        text = text / text.norm(dim=-1, keepdim=True)
+        cosine = (image.float() * text.float()).sum(dim=-1)
+        if name == "pickscore":
+            return (clip.logit_scale.exp().float() * cosine).tolist()
+        return (100 * cosine.clamp(min=0)).tolist()
+
+    def _load(self, model: str) -> tuple[Any, Any]:
+        if model not in self._models:
+            from transformers import CLIPModel, CLIPProcessor
+
+            source = ensure_tiny_clip(self.cache_dir) if model == "tiny-clip" else model
+            dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+            clip = CLIPModel.from_pretrained(source, dtype=dtype).to(self.device).eval()
+            self._models[model] = (clip, CLIPProcessor.from_pretrained(source))
+            log.info("scorer model %s loaded", model)
+        return self._models[model]
+
+    def _head(self, model: str, width: int) -> torch.nn.Linear:
+        if model not in self._heads:
+            from huggingface_hub import hf_hub_download
+            from safetensors.torch import load_file
+
+            folder = ensure_tiny_clip(self.cache_dir) if model == "tiny-clip" else Path(model)
+            path = folder / HEAD_FILE if folder.is_dir() else Path(hf_hub_download(model, HEAD_FILE))
+            weights = load_file(str(path))
+            head = torch.nn.Linear(width, 1).to(self.device)
+            head.load_state_dict({"weight": weights["weight"].float(), "bias": weights["bias"].float()})
+            self._heads[model] = head.eval()
+        return self._heads[model]
+
+
+def _tensor(out: Any) -> torch.Tensor:
+    """transformers 5 may hand back an output object where 4 gave the pooled tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    return out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
+
+
+def ensure_tiny_clip(cache_dir: str | Path) -> Path:
+    """``tiny-clip``: a CLIP of toy widths with random weights, its processor (the byte-level
+    tokenizer ``tiny`` uses, 32-pixel images) and an aesthetic head, written once to the cache."""
+    from safetensors.torch import save_file
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    from worker.pipelines import models
+
+    def write(folder: Path) -> None:
+        tokenizer = models.byte_tokenizer()
+        ids = models.clip_ids(tokenizer)
+        text = {**models.TINY_TEXT, **ids}
+        vision = {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "num_hidden_layers": 2,
+                  "image_size": 32, "patch_size": 8, "projection_dim": 32}  # fmt: skip
+        torch.manual_seed(TINY_CLIP_SEED)
+        clip = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=32)).eval()
+        clip.save_pretrained(folder)
+        images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        CLIPProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(folder)
+        save_file({"weight": torch.randn(1, 32), "bias": torch.tensor([5.0])}, str(folder / HEAD_FILE))
+
+    return models.write_once(Path(cache_dir) / "scorers" / "tiny-clip", write)
