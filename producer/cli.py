@@ -367,11 +367,18 @@ def verify(output: str, queue: str | None, redis_url: str | None, repair: bool, 
               "(seeds, adapters, models side by side): preference data.")  # fmt: skip
 @click.option("--sort-buffer", type=int, default=SORT_BUFFER, show_default=True,
               help="Metadata lines sorted in memory; more spill to TMPDIR (about the metadata's size).")  # fmt: skip
+@click.option("--by", help="The score (from --score at enqueue) that ranks a prompt's images, for --pairs and --top-k.")
+@click.option("--pairs", is_flag=True, help="One sample per ranked pair of a prompt's images (Parquet, Pick-a-Pic's "
+              "layout: caption, image_0/1, label_0/1, score_0/1, every column _0/_1).")  # fmt: skip
+@click.option("--margin", type=float, default=0.0, show_default=True, help="The least score difference of a pair.")
+@click.option("--top-k", type=int, help="Keep the best K images of each prompt, by --by.")
+@click.option("--where", help="Keep only images where a score or column compares: 'aesthetic > 5.5'.")
 @click.option("--overwrite", is_flag=True, help="Replace what --to holds (another export, other files).")
 @click.option("--queue", help="Record this queue's counts in the manifest and compare [env DIFFQ_QUEUE].")
 @click.option("--redis-url", help="Redis of --queue [env REDIS_URL].")
 @user_errors
 def export(source: str, fmt: str, dest: str, shard_size: int, group_by: str | None, sort_buffer: int,
+           by: str | None, pairs: bool, margin: float, top_k: int | None, where: str | None,
            overwrite: bool, queue: str | None, redis_url: str | None) -> None:  # fmt: skip
     """Export SOURCE, a diffq output folder or bucket prefix, to dataset shards under --to.
 
@@ -382,7 +389,10 @@ def export(source: str, fmt: str, dest: str, shard_size: int, group_by: str | No
     a time; memory stays flat whatever the dataset's size.
     """
     settings = Settings.load(queue=queue, redis_url=redis_url)
-    options = ExportOptions(format=fmt, shard_size=shard_size, group_by=group_by, sort_buffer=sort_buffer).validate()
+    options = ExportOptions(
+        format=fmt, shard_size=shard_size, group_by=group_by, sort_buffer=sort_buffer, by=by, pairs=pairs,
+        margin=margin, top_k=top_k, where=where,
+    ).validate()  # fmt: skip
     src = Store(source.rstrip("/") if is_url(source) else str(local_path(source)), settings.s3_endpoint_url)
     if not src.remote and not Path(src.location).is_dir():
         raise ConfigError(f"{source}: no such folder")

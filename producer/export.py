@@ -41,6 +41,7 @@ from common.errors import ConfigError, DiffqError
 from common.naming import METADATA_FILE, METADATA_PARTS_DIR
 from common.storage import Store, problem
 from producer.metadata import metadata_files, read
+from producer.pairs import Where, kept, pairs
 from producer.shards import FORMATS, ShardWriter, group_key
 
 #: lines sorted in memory before a run is spilled to disk (about 60 MB of metadata)
@@ -64,6 +65,27 @@ class ExportOptions:
     shard_size: int = 1000
     group_by: str | None = None
     sort_buffer: int = SORT_BUFFER
+    #: the score that ranks a prompt's images (``--by``): for ``--pairs`` and ``--top-k``
+    by: str | None = None
+    #: one sample per ranked pair of a prompt's images (producer/pairs.py)
+    pairs: bool = False
+    #: the least difference of scores that makes a pair
+    margin: float = 0.0
+    #: the best K images of each prompt, by ``by``
+    top_k: int | None = None
+    where: str | None = None
+
+    @property
+    def by_prompt(self) -> bool:
+        """Whether the lines are sorted by prompt: to group them, or to rank each prompt's images."""
+        return bool(self.group_by or self.pairs or self.top_k)
+
+    def ranking(self) -> str:
+        """What ``--by``, ``--pairs``, ``--margin``, ``--top-k`` and ``--where`` decide, for the
+        digests ("" without them: an export made before they existed keeps its digests)."""
+        if not (self.by or self.pairs or self.top_k or self.where):
+            return ""
+        return f"{self.by}|{self.pairs}|{self.margin!r}|{self.top_k}|{self.where}|"
 
     def validate(self) -> ExportOptions:
         if self.format not in FORMATS:
@@ -79,6 +101,16 @@ class ExportOptions:
             )
         if self.sort_buffer < 100:
             raise ConfigError(f"--sort-buffer {self.sort_buffer}: use at least 100")
+        if (self.pairs or self.top_k is not None) and not self.by:
+            raise ConfigError("--pairs and --top-k rank a prompt's images by a score: name it with --by (--by clip)")
+        if self.pairs and (self.format != "parquet" or self.group_by):
+            raise ConfigError("--pairs writes Parquet pairs (Pick-a-Pic's layout): use --format parquet, no --group-by")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"--top-k {self.top_k}: keep at least 1")
+        if self.margin < 0:
+            raise ConfigError(f"--margin {self.margin:g}: use 0 or more")
+        if self.where:
+            Where.parse(self.where)
         return self
 
 
@@ -96,6 +128,7 @@ class ExportReport:
     up_to_date: bool = False  # the destination held this very export already
     pattern: str = ""  # how to read the shards
     ledger: dict[str, Any] = field(default_factory=dict)  # the queue's counts, when a queue was named
+    ranked: bool = False  # --where, --top-k or --pairs chose the samples: not every image is in them
     seconds: float = 0.0
 
 
@@ -148,7 +181,7 @@ def sorted_records(store: Store, options: ExportOptions, folder: Path, report: E
         if not isinstance(name, str):
             continue
         report.lines += 1
-        key = f"{group_key(str(record.get('prompt', '')))} {name}" if options.group_by else name
+        key = f"{group_key(str(record.get('prompt', '')))} {name}" if options.by_prompt else name
         sorter.add(key, json.dumps(record, ensure_ascii=False, sort_keys=True))
     merged = folder / "merged.jsonl"
     last_name = None
@@ -185,10 +218,28 @@ def samples(merged: Path, grouped: bool) -> Iterator[list[dict[str, Any]]]:
         yield group
 
 
-def count_samples(merged: Path, grouped: bool) -> tuple[int, int]:
+def export_samples(merged: Path, options: ExportOptions) -> Iterator[list[dict[str, Any]]]:
+    """The samples the shards hold: images, prompt groups, or ranked pairs, after ``--where`` and ``--top-k``."""
+    if not options.by_prompt and not options.where:
+        yield from samples(merged, False)
+        return
+    where = Where.parse(options.where) if options.where else None
+    for group in samples(merged, options.by_prompt):
+        chosen = kept(group, options.by, where, options.top_k)
+        if options.pairs:
+            assert options.by is not None
+            yield from pairs(chosen, options.by, options.margin)
+        elif options.group_by:
+            if chosen:
+                yield chosen
+        else:
+            yield from ([record] for record in chosen)
+
+
+def count_samples(merged: Path, options: ExportOptions) -> tuple[int, int]:
     """(samples, images) in the merged file, one cheap pass (for the progress bar's total)."""
     n_samples = n_images = 0
-    for sample in samples(merged, grouped):
+    for sample in export_samples(merged, options):
         n_samples += 1
         n_images += len(sample)
     return n_samples, n_images
@@ -196,7 +247,7 @@ def count_samples(merged: Path, grouped: bool) -> tuple[int, int]:
 
 # -- 3. write ------------------------------------------------------------------------------
 def shard_digest(options: ExportOptions, shard: list[list[dict[str, Any]]]) -> str:
-    h = hashlib.sha256(f"{options.format}|{options.group_by}|".encode())
+    h = hashlib.sha256(f"{options.format}|{options.group_by}|{options.ranking()}".encode())
     for sample in shard:
         for record in sample:
             h.update(json.dumps(record, ensure_ascii=False, sort_keys=True).encode("utf-8"))
@@ -241,7 +292,7 @@ def pattern(dest: Store, options: ExportOptions, shards: int) -> str:
 
 
 def _digest_file(path: Path, options: ExportOptions) -> str:
-    digest = hashlib.sha256(f"{options.format}|{options.shard_size}|{options.group_by}|".encode())
+    digest = hashlib.sha256(f"{options.format}|{options.shard_size}|{options.group_by}|{options.ranking()}".encode())
     with open(path, "rb") as handle:
         while block := handle.read(64 << 10):
             digest.update(block)
@@ -261,7 +312,7 @@ def export(
     """Export ``source`` to shards under ``dest``; see the module docstring. ``ledger``: the
     queue's counts, recorded in the manifest."""
     options.validate()
-    report = ExportReport(ledger=ledger or {})
+    report = ExportReport(ledger=ledger or {}, ranked=bool(options.ranking()))
     started = time.perf_counter()
     held, manifest, example = _destination(dest)
     if held == "other" and not overwrite:
@@ -283,7 +334,7 @@ def export(
                 f"source {source.location!r} has no metadata ({METADATA_FILE} or {METADATA_PARTS_DIR}/*.jsonl): "
                 "is it a diffq output?"
             )
-        report.samples, report.images = count_samples(merged, bool(options.group_by))
+        report.samples, report.images = count_samples(merged, options)
         report.shards = -(-report.samples // options.shard_size)
         report.pattern = pattern(dest, options, report.shards)
         export_id = _digest_file(merged, options)
@@ -301,10 +352,10 @@ def export(
             dest.delete(MANIFEST)  # from here on, an unfinished export
         if on_start:
             on_start(report.samples)
-        writer = ShardWriter(options.format, grouped=bool(options.group_by))
+        writer = ShardWriter(options.format, grouped=bool(options.group_by), pairs=options.pairs)
         shard: list[list[dict[str, Any]]] = []
         index = 0
-        for sample in samples(merged, bool(options.group_by)):
+        for sample in export_samples(merged, options):
             shard.append(sample)
             if len(shard) == options.shard_size:
                 _write_shard(source, dest, writer, options, index, shard, folder, report)
@@ -439,7 +490,7 @@ def describe(report: ExportReport, dest: str) -> str:
             f"(first: {report.missing[0]}); producer verify --repair makes them again"
         )
     written = report.ledger.get("images_written")
-    if written is not None and written != report.images:
+    if written is not None and written != report.images and not report.ranked:
         text += (
             f"; the ledger counts {written} image(s) written, this export has {report.images}: "
             "producer verify finds the difference"

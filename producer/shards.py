@@ -79,11 +79,13 @@ def sample_key(record: dict[str, Any]) -> str:
 
 
 class ShardWriter:
-    def __init__(self, format: str, grouped: bool) -> None:
+    def __init__(self, format: str, grouped: bool, pairs: bool = False) -> None:
         if format not in FORMATS:
             raise ConfigError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
         self.format = format
         self.grouped = grouped
+        #: each sample a ranked pair (producer/pairs.py), one Parquet row in Pick-a-Pic's layout
+        self.pairs = pairs
 
     def write(self, dest: Store, name: str, batches: Batch, folder: Path) -> None:
         if self.format == "webdataset":
@@ -123,7 +125,7 @@ class ShardWriter:
             import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError("--format parquet needs pyarrow: pip install 'diffq[parquet]'") from None
-        schema = _schema(pa, self.grouped)
+        schema = _pairs_schema(pa) if self.pairs else _schema(pa, self.grouped)
         tmp = folder / f"{name}.parquet"
         pending: list[dict[str, Any]] = []
         size = 0
@@ -132,7 +134,11 @@ class ShardWriter:
                 present = [(r, b) for r, b in zip(sample, blobs, strict=True) if b is not None]
                 if not present:
                     continue
-                if self.grouped:
+                if self.pairs:
+                    if len(present) < 2:
+                        continue  # an image of the pair is gone: no pair (the report lists it missing)
+                    rows = [_pair_row(present)]
+                elif self.grouped:
                     row: dict[str, Any] = {
                         "group": _group(present[0][0]),
                         "prompt": present[0][0].get("prompt"),
@@ -188,6 +194,39 @@ def _schema(pa: Any, grouped: bool) -> Any:
         features = {"image": {"_type": "Image"}}
         features |= {c: {"dtype": t, "_type": "Value"} for c, t in COLUMNS.items()}
     # what datasets reads to know that the struct is an image (datasets.Features.from_arrow_schema)
+    metadata = {"huggingface": json.dumps({"info": {"features": features}})}
+    return pa.schema(fields, metadata=metadata)
+
+
+def _pair_row(present: list[tuple[dict[str, Any], bytes]]) -> dict[str, Any]:
+    """A pair as Pick-a-Pic lays one out: the caption, both images, their labels and scores, and
+    every column of each image with ``_0`` or ``_1``."""
+    (first, a), (second, b) = present
+    row: dict[str, Any] = {
+        "caption": first.get("prompt"),
+        "image_0": {"bytes": a, "path": sample_key(first) + ".png"},
+        "image_1": {"bytes": b, "path": sample_key(second) + ".png"},
+        "label_0": first["_label"],
+        "label_1": second["_label"],
+        "score_0": first["_score"],
+        "score_1": second["_score"],
+    }
+    for i, record in enumerate((first, second)):
+        for column, value in _parquet(columns(record)).items():
+            row[f"{column}_{i}"] = value
+    return row
+
+
+def _pairs_schema(pa: Any) -> Any:
+    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
+             "timestamp[ms]": pa.timestamp("ms")}  # fmt: skip
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    kinds = {"caption": "string"} | dict.fromkeys(("label_0", "label_1", "score_0", "score_1"), "float64")
+    kinds |= {f"{c}_{i}": t for i in (0, 1) for c, t in COLUMNS.items()}
+    fields = [("caption", pa.string()), ("image_0", image), ("image_1", image)]
+    fields += [(name, types[kind]) for name, kind in kinds.items() if name != "caption"]
+    features: dict[str, Any] = {name: {"dtype": kind, "_type": "Value"} for name, kind in kinds.items()}
+    features |= {"image_0": {"_type": "Image"}, "image_1": {"_type": "Image"}}
     metadata = {"huggingface": json.dumps({"info": {"features": features}})}
     return pa.schema(fields, metadata=metadata)
 
