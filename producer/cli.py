@@ -646,5 +646,23 @@ def dashboard(redis_url: str | None, password: str | None, **opts: Any) -> None:
     run_dashboard(redis_url=settings.redis_url, password=password, ttl=settings.heartbeat_ttl, **opts)
 
 
+@main.command(short_help="Look at an output in a browser: images by prompt, scores, pairs (basic auth).")
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: everyone).")
+@click.option("--port", type=int, default=9182, show_default=True, help="Port to listen on.")
+@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default="diffq", show_default=True, help="Basic auth user.")
+@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", help="Basic auth password (required; the dashboard's).")
+@user_errors
+def gallery(output: Path, bind: str, port: int, username: str, password: str | None) -> None:
+    """Serve OUTPUT, a local diffq output folder: / lists its prompts with their images, each
+    image's parameters and scores (?where=aesthetic > 5.5, ?by=clip best first); /pairs?by=SCORE
+    shows the ranked pairs export --pairs writes, side by side."""
+    from producer.gallery import serve
+
+    if not password or is_placeholder(password):
+        raise ConfigError("the gallery needs a password of your own: --password or RQ_DASHBOARD_PASSWORD (basic auth)")
+    serve(output, bind, port, username, password, say=lambda text: click.echo(text, err=True))
+
+
 if __name__ == "__main__":
     main()
