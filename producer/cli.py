@@ -106,7 +106,13 @@ def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.command(short_help="Check a CSV/JSONL of prompts and queue it (again: resumes, adds nothing twice).")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--model", help=f"Hub id, local folder, or preset ({', '.join(MODEL_PRESETS)}) [SDXL base 1.0].")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help=f"Hub id, local folder, or preset ({', '.join(MODEL_PRESETS)}) "
+    "[SDXL base 1.0]; again for each row over several models (--model a --model b).",
+)
 @param_flags
 @click.option("--seed", type=int, help="Seed for rows without one [default: derived from each row, stable].")
 @click.option(
@@ -141,14 +147,29 @@ def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
 )
 @queue_options
 @user_errors
-def enqueue(file: Path, **opts: Any) -> None:
+def enqueue(file: Path, models: tuple[str, ...], **opts: Any) -> None:
     """Validate FILE (CSV with a header row, or JSONL) and enqueue its prompts.
 
     Every row is checked before anything is enqueued. Rows already queued, running or
     done are skipped, so running the same command again resumes an interrupted campaign.
     The size, steps, guidance, adapter and images flags are defaults for rows whose cell
-    is empty or whose column is missing; a cell always wins.
+    is empty or whose column is missing; a cell always wins. With --model given several
+    times, every row is enqueued for each model, one model's jobs after the other's (a worker
+    loads each model once, not once a job).
     """
+    if len(models) > 1:
+        for model in models:  # every model's check passes before any is enqueued
+            check_model(model)
+            _enqueue(file, {**opts, "model": model, "dry_run": True}, say=False)
+        if opts["dry_run"]:
+            click.echo(f"{file}: valid for each of {len(models)} models. Dry run: nothing was enqueued.")
+            return
+    for model in models or (None,):
+        _enqueue(file, {**opts, "model": model})
+
+
+def _enqueue(file: Path, opts: dict[str, Any], say: bool = True) -> None:
+    """One model's enqueue of ``file`` (:func:`enqueue`); ``say``: print the dry run's count."""
     settings = Settings.load(
         redis_url=opts["redis_url"],
         queue=opts["queue"],
@@ -226,6 +247,8 @@ def enqueue(file: Path, **opts: Any) -> None:
         if conn is not None and fingerprint:
             conn.sadd(checked_key(settings.queue), fingerprint)
     if opts["dry_run"]:
+        if not say:
+            return
         # rows of equal settings share jobs, so each distinct setting rounds up on its own
         jobs = sum(-(-n // settings.chunk_size) for n in settings_seen.values())
         click.echo(

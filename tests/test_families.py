@@ -201,3 +201,28 @@ def test_status_shows_each_models_last_failed_load_until_it_loads(env, conn, cac
     assert_exactly_once(tmp_path / "out", 1)
     text, said = status()
     assert said["load_failures"] == {} and "did not load" not in text
+
+
+@pytest.mark.worker
+def test_every_row_over_several_models_one_models_jobs_after_the_others(env, conn, tmp_path):
+    """``--model a --model b``: each row once for each model, each model's jobs queued together
+    (a worker with one model warm loads each once, not once a job), a bad model refused before
+    anything is queued, the same command again adding nothing."""
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    rows = write_csv(tmp_path / "p.csv", "prompt\n" + "".join(f"a fox {i}\n" for i in range(3)))
+    out = tmp_path / "out"
+    flags = ("--width", "64", "--height", "64", "--steps", "2", "--chunk-size", "1", "--output", out)
+    bad = producer("enqueue", rows, "--model", "tiny", "--model", "tinyy", *flags)
+    assert bad.exit_code != 0 and "did you mean 'tiny'" in bad.output and conn.llen("rq:queue:diffq") == 0
+    assert producer("enqueue", rows, "--model", "tiny-pixart", "--model", "tiny", *flags).exit_code == 0
+    ids = [jid.decode() for jid in conn.lrange("rq:queue:diffq", 0, -1)]
+    order = [
+        Job.fetch(jid, connection=conn, serializer=JSONSerializer).kwargs["spec"]["params"]["model"] for jid in ids
+    ]
+    assert order == ["tiny-pixart"] * 3 + ["tiny"] * 3
+    drain(env, tmp_path / "w.log")
+    assert_exactly_once(out, 6)
+    again = producer("enqueue", rows, "--model", "tiny-pixart", "--model", "tiny", *flags)
+    assert again.exit_code == 0 and again.output.count("0 new") == 2, again.output
