@@ -123,13 +123,13 @@ class RankEngine:
         layout = self.layout
         if "ulysses" not in kind.splits and layout.ulysses_degree * layout.ring_degree * layout.pipefusion_degree > 1:
             raise ConfigError(
-                f"{model} is a {family} model: a group splits it with "
+                f"{model} is {_a(family)} model: a group splits it with "
                 f"{'--cfg-parallel and ' if 'cfg' in kind.splits else ''}--data-parallel-degree only; "
                 "--ulysses-degree, --ring-degree and --pipefusion-degree are for DiT models such as FLUX"
             )
         if "cfg" not in kind.splits and layout.cfg_parallel:
             raise ConfigError(
-                f"{model} is a {family} model"
+                f"{model} is {_a(family)} model"
                 + (": FLUX.1 is guidance-distilled and has no CFG pass to split; " if not kind.negative_prompt else
                    ": a group splits its CFG pass only for SDXL; ")
                 + "drop --cfg-parallel"
@@ -140,7 +140,7 @@ class RankEngine:
                 f"--parallel-vae splits a DiT's decoder under xDiT (--ulysses-degree / --ring-degree / "
                 f"--pipefusion-degree above 1); {model} in this layout decodes on one rank"
                 + ("" if flux or "cfg" not in kind.splits else
-                   f" (a {family} CFG pair already splits its decode: half of the images on each rank)")
+                   f" ({_a(family)} CFG pair already splits its decode: half of the images on each rank)")
             )  # fmt: skip
         how = "data parallel" if self.layout.data_parallel_degree > 1 else "none (one rank makes each image)"
         taken = token_split.takes(self.layout) if flux else None
@@ -307,3 +307,10 @@ class RankEngine:
             on_step=on_step,
         )
         return result
+
+
+def _a(title: str) -> str:
+    """``title`` with its article as it is said: "an SDXL", "an SD3", "a FLUX", "a PixArt"."""
+    if title.startswith(("a ", "an ")):
+        return title
+    return f"{'an' if title[:1] in 'AEFHILMNORSX' and title[:2] != 'FL' else 'a'} {title}"
