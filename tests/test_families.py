@@ -166,6 +166,7 @@ def test_a_campaign_over_two_families_and_three_samplers_makes_every_image_once_
 
 
 @pytest.mark.worker
+@pytest.mark.long  # a second worker test of the families (make test has the campaign)
 def test_status_shows_each_models_last_failed_load_until_it_loads(env, conn, cache_dir, tmp_path):
     """A folder that names an SDXL pipeline but lost its UNet's weights passes the enqueue and
     cannot load on a worker: the job stays (the worker's environment, not the job), and
