@@ -6,7 +6,6 @@ and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
@@ -30,54 +29,20 @@ from common.errors import ConfigError, DiffqError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.lanes import group_lane, lanes
 from common.presets import MODEL_PRESETS, adapter_path, check_model, preset_default
-from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key, refusal
+from common.queues import PATIENCE_FOREVER, checked_key, connect, get_queue, images_key
 from common.recipes import RECIPES, recipe
 from common.scorers import SCORERS, check_scorer_model
-from common.settings import Settings, is_placeholder, redact
+from common.settings import Settings, redact
 from common.storage import Store, is_url, local_path, problem
+from producer.cli_errors import queue_options, user_errors
 from producer.enqueue import EnqueueOptions, Enqueuer, check_file, check_output, file_fingerprint
 from producer.export import SORT_BUFFER, ExportOptions, describe
 from producer.export import export as export_shards
 from producer.progress import Progress
 from producer.reader import RowDefaults, count_lines, file_format
 from producer.shards import FORMATS
-from producer.status import QueueStatus, collect, render
-
-
-def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn expected failures into one line and an exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except DiffqError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except (redis.ConnectionError, redis.ReadOnlyError, redis.AuthenticationError) as exc:
-            said = refusal(exc) or f"lost the connection to Redis ({exc})"
-            click.echo(f"error: {said}; run the same command again", err=True)
-            sys.exit(3)
-        except redis.exceptions.NoScriptError:
-            click.echo("error: Redis restarted again and again under this command (it lost its scripts each time); "
-                       "every chunk queued so far is whole: run the same command again", err=True)  # fmt: skip
-            sys.exit(3)
-        except redis.exceptions.OutOfMemoryError:
-            click.echo(
-                "error: Redis is full (its maxmemory) and refused more work; every chunk queued so far is whole. "
-                "Give Redis more memory (or let the workers drain the queue), then run the same command again: "
-                "it adds only what is missing",
-                err=True,
-            )
-            sys.exit(5)
-
-    return wrapper
-
-
-def queue_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--queue", help="Queue name [env DIFFQ_QUEUE; default diffq].")(func)
-    func = click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL].")(func)
-    return func
+from producer.status import collect, render, wait_verdict, wait_words
+from producer.web_cli import dashboard, gallery
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -491,7 +456,7 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
             fraction=st.progress,
             rate=st.images_per_s,
             eta=st.eta_s,
-            extra=_wait_extra(st),
+            extra=wait_words(st),
         )
         if wait_verdict(st) is not None:
             break
@@ -511,7 +476,7 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
                        f"{st.pending} job(s) left", err=True)  # fmt: skip
             sys.exit(4)
         time.sleep(poll)
-    bar.close(extra=_wait_extra(st))
+    bar.close(extra=wait_words(st))
     if st.complete:
         written = f"{st.finished} job(s) finished, {st.images_written} images written"
         click.echo(f"queue {settings.queue!r} drained: {written}")
@@ -537,31 +502,6 @@ def wait(queue: str | None, redis_url: str | None, timeout: float | None, stall_
     if not st.enqueues_stopped:
         click.echo(f"queue {settings.queue!r} is not complete: " + "; ".join(st.not_complete()), err=True)
     sys.exit(1)
-
-
-def wait_verdict(st: QueueStatus) -> int | None:
-    """What ``producer wait`` does with ``st``: go on waiting (None) while a job is pending or an
-    enqueue still reads its file; then exit 0 if the campaign is complete, else 1."""
-    if not st.settled:
-        return None
-    return 0 if st.complete else 1
-
-
-def _wait_extra(st: QueueStatus) -> str:
-    parts = [f"{st.jobs_per_s:.3f} jobs/s", f"{st.queued} queued", f"{st.running} running"]
-    steps = [r.text() for r in st.running_jobs[:2]]
-    if steps:
-        parts[-1] += f" ({'; '.join(steps)})"
-    if st.starting:
-        parts.append(f"{st.starting} starting")
-    if st.lost:
-        parts.append(f"{st.lost} lost (a worker re-queues them)")
-    if st.failed:
-        parts.append(f"{st.failed} failed")
-    if st.stalled:
-        parts.append(st.stalled)
-    parts += [f"enqueue {run.where()}" for run in st.enqueuing]
-    return "· " + " · ".join(parts)
 
 
 @main.command(short_help="Cancel the queue's campaign: queued jobs removed, running ones stopped; enqueue resumes.")
@@ -639,52 +579,8 @@ def retry_failed(queue: str | None, redis_url: str | None, everything: bool) -> 
         )
 
 
-@main.command(short_help="rq-dashboard for this queue: localhost, basic auth, no delete buttons.")
-@click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL].")
-@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: everyone).")
-@click.option("--port", type=int, default=9181, show_default=True, help="Port to listen on.")
-@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default="diffq", show_default=True, help="Basic auth user.")
-@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", help="Basic auth password (required).")
-@click.option("--allow-delete", is_flag=True, help="Show rq-dashboard's delete and empty buttons.")
-@click.option("--poll-ms", type=int, default=2500, show_default=True, help="How often the pages refresh.")
-@user_errors
-def dashboard(redis_url: str | None, password: str | None, **opts: Any) -> None:
-    """Run rq-dashboard on diffq's queues (pip install ".[dashboard]").
-
-    Its Workers page works while jobs run (diffq's jobs are JSON; rq-dashboard alone reads a
-    running job with pickle and fails). Listens on 127.0.0.1 with basic auth; reach it from
-    another machine through an SSH tunnel, or pass --bind 0.0.0.0 behind your own proxy.
-    """
-    from producer.dashboard import run_dashboard
-
-    settings = Settings.load(redis_url=redis_url)
-    if not password:
-        raise ConfigError("the dashboard needs a password: --password or RQ_DASHBOARD_PASSWORD (basic auth)")
-    if is_placeholder(password):
-        raise ConfigError(
-            "RQ_DASHBOARD_PASSWORD is still .env.example's placeholder: set a password of your own "
-            "(--password or .env) and start the dashboard again"
-        )
-    connect(settings.redis_url)  # a wrong URL is one line here, not a stack of Flask errors later
-    run_dashboard(redis_url=settings.redis_url, password=password, ttl=settings.heartbeat_ttl, **opts)
-
-
-@main.command(short_help="Look at an output in a browser: images by prompt, scores, pairs (basic auth).")
-@click.argument("output", type=click.Path(path_type=Path))
-@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: everyone).")
-@click.option("--port", type=int, default=9182, show_default=True, help="Port to listen on.")
-@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default="diffq", show_default=True, help="Basic auth user.")
-@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", help="Basic auth password (required; the dashboard's).")
-@user_errors
-def gallery(output: Path, bind: str, port: int, username: str, password: str | None) -> None:
-    """Serve OUTPUT, a local diffq output folder: / lists its prompts with their images, each
-    image's parameters and scores (?where=aesthetic > 5.5, ?by=clip best first); /pairs?by=SCORE
-    shows the ranked pairs export --pairs writes, side by side."""
-    from producer.gallery import serve
-
-    if not password or is_placeholder(password):
-        raise ConfigError("the gallery needs a password of your own: --password or RQ_DASHBOARD_PASSWORD (basic auth)")
-    serve(output, bind, port, username, password, say=lambda text: click.echo(text, err=True))
+main.add_command(dashboard)
+main.add_command(gallery)
 
 
 if __name__ == "__main__":

@@ -439,3 +439,29 @@ def render(status: QueueStatus, redis_label: str) -> str:
         ago = format_duration(time.time() - float(said.get("at", 0)))
         lines.append(f"  model     {model} did not load on {said.get('worker')} ({ago} ago): {said.get('reason')}")
     return "\n".join(lines)
+
+
+def wait_verdict(st: QueueStatus) -> int | None:
+    """What ``producer wait`` does with ``st``: go on waiting (None) while a job is pending or an
+    enqueue still reads its file; then exit 0 if the campaign is complete, else 1."""
+    if not st.settled:
+        return None
+    return 0 if st.complete else 1
+
+
+def wait_words(st: QueueStatus) -> str:
+    """What ``producer wait``'s progress line says beside the count: rates, places, what is stalled."""
+    parts = [f"{st.jobs_per_s:.3f} jobs/s", f"{st.queued} queued", f"{st.running} running"]
+    steps = [r.text() for r in st.running_jobs[:2]]
+    if steps:
+        parts[-1] += f" ({'; '.join(steps)})"
+    if st.starting:
+        parts.append(f"{st.starting} starting")
+    if st.lost:
+        parts.append(f"{st.lost} lost (a worker re-queues them)")
+    if st.failed:
+        parts.append(f"{st.failed} failed")
+    if st.stalled:
+        parts.append(st.stalled)
+    parts += [f"enqueue {run.where()}" for run in st.enqueuing]
+    return "· " + " · ".join(parts)

@@ -30,11 +30,10 @@ from common.reconcile import intermediate_key
 from common.rq_keys import started_registry_key
 from common.settings import Settings
 from producer.cancel import cancel
-from producer.cli import wait_verdict
 from producer.enqueue import EnqueueOptions, Enqueuer
 from producer.metrics import registry_for
 from producer.reader import RowDefaults
-from producer.status import collect
+from producer.status import collect, wait_verdict
 from worker.serving.recovery import requeue_abandoned
 
 ROWS = 6

@@ -5,7 +5,8 @@ diffusers downloads through ``huggingface_hub.snapshot_download``, whose byte co
 tqdm bar created from the module's ``hf_tqdm`` name (``from_pretrained`` passes no ``tqdm_class``
 of its own). :func:`download_progress` puts a reporting bar there for the duration of one load:
 every 10 % it calls ``report("downloading model: 2.6 of 6.9 GiB (37%)")``, which the worker
-writes to its log and to the running job's ``meta`` (``producer status``, rq-dashboard).
+writes to its log and to the running job's ``meta`` (``producer status``, rq-dashboard). And
+when a load fails, :func:`load_failure` says why in one line a user can act on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from common.presets import MODEL_PRESETS
 
 
 def _size(n: float) -> str:
@@ -60,3 +63,33 @@ def download_progress(report: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         snapshot.hf_tqdm = previous
+
+
+def load_failure(exc: BaseException) -> str:
+    """One line a user can act on, for a failed ``from_pretrained``. diffusers' own message is
+    several hundred characters long and points at "the stacktrace above", which a user reading
+    ``producer status`` does not have (the worker logs it once)."""
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(str(e) for e in chain)
+    if any(isinstance(e, GatedRepoError) for e in chain):
+        return "the repository is gated: accept its licence on the Hub and give the workers HF_TOKEN"
+    if any(isinstance(e, RepositoryNotFoundError) for e in chain):
+        return "no such repository on the Hugging Face Hub, or a private one: check the id, or give workers HF_TOKEN"
+    if any(isinstance(e, LocalEntryNotFoundError | ConnectionError) for e in chain) or "not fully cached" in text:
+        presets = ", ".join(MODEL_PRESETS)
+        return (
+            "not in this worker's cache and not downloadable from here (no network, HF_HUB_OFFLINE, or no such "
+            f"repository): check the id and the worker's network, or use a local folder or a preset ({presets})"
+        )
+    return first_line(exc)[:300]
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__

@@ -24,7 +24,7 @@ from transformers.utils import logging as transformers_logging
 from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.families import refusal, runs_here
 from common.jobspec import GenParams
-from common.presets import ADAPTER_PRESETS, MODEL_PRESETS
+from common.presets import ADAPTER_PRESETS
 from common.settings import Settings, point_compile_cache_at
 from worker.pipelines import (
     adapter_weights,
@@ -41,7 +41,7 @@ from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
 from worker.pipelines.compile_cache import share_compile_cache
 from worker.pipelines.generate import is_oom, run_batch, run_split
-from worker.pipelines.loading import download_progress
+from worker.pipelines.loading import download_progress, first_line, load_failure
 from worker.pipelines.memory import Budget, GiB, Profiles, largest_batch, measure_peak, profile_key
 from worker.pipelines.offload import NOT_WITH_OFFLOAD, place, weights_bytes, weights_in_place
 from worker.pipelines.pixels import BatchResult, NonFinitePixels
@@ -538,7 +538,7 @@ class WarmPipelines:
                 merged.peft.add(name)
                 how = f"loaded by PEFT: {direct}"
         except Exception as exc:
-            raise AdapterNotFound(f"adapter {adapter!r} cannot be loaded: {_first_line(exc)}") from exc
+            raise AdapterNotFound(f"adapter {adapter!r} cannot be loaded: {first_line(exc)}") from exc
         log.info("adapter %s %s, as %s in %.2fs", adapter, how, name, time.perf_counter() - started)
         loaded.adapters[adapter] = name
         return name
@@ -567,36 +567,6 @@ def padding(sizes: set[int]) -> Callable[[int], int]:
         return min((size for size in sizes if size >= n), default=n)
 
     return pad_to
-
-
-def load_failure(exc: BaseException) -> str:
-    """One line a user can act on, for a failed ``from_pretrained``. diffusers' own message is
-    several hundred characters long and points at "the stacktrace above", which a user reading
-    ``producer status`` does not have (the worker logs it once)."""
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    chain: list[BaseException] = []
-    seen: BaseException | None = exc
-    while seen is not None and len(chain) < 10:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    text = " ".join(str(e) for e in chain)
-    if any(isinstance(e, GatedRepoError) for e in chain):
-        return "the repository is gated: accept its licence on the Hub and give the workers HF_TOKEN"
-    if any(isinstance(e, RepositoryNotFoundError) for e in chain):
-        return "no such repository on the Hugging Face Hub, or a private one: check the id, or give workers HF_TOKEN"
-    if any(isinstance(e, LocalEntryNotFoundError | ConnectionError) for e in chain) or "not fully cached" in text:
-        presets = ", ".join(MODEL_PRESETS)
-        return (
-            "not in this worker's cache and not downloadable from here (no network, HF_HUB_OFFLINE, or no such "
-            f"repository): check the id and the worker's network, or use a local folder or a preset ({presets})"
-        )
-    return _first_line(exc)[:300]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
 
 
 def precision_of(speedups: Speedups, dtype: torch.dtype) -> str:
