@@ -7,10 +7,10 @@ These are plain data so the producer can print and check them without importing 
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from pathlib import Path
 
+from common import checkpoints
 from common.errors import ConfigError, InvalidJobSpec
 from common.families import folder_pipeline, refusal, runs_here
 
@@ -109,11 +109,14 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def check_model(name: str) -> None:
     """What the producer can know about ``--model`` without asking the Hub: a preset, a
-    diffusers folder here, or something shaped like a hub id. A typo such as ``tinyy`` is
+    diffusers folder here, a single-file checkpoint here, or something shaped like a hub id. A typo such as ``tinyy`` is
     caught before anything is enqueued, not by every worker failing every job."""
     if name in MODEL_PRESETS:
         return
     path = Path(name).expanduser()
+    if path.is_file():
+        check_single_file(name, path)
+        return
     if path.is_dir():
         if not (path / "model_index.json").is_file():
             raise ConfigError(f"--model {name!r}: the folder has no model_index.json; give a diffusers pipeline folder")
@@ -125,9 +128,31 @@ def check_model(name: str) -> None:
         close = difflib.get_close_matches(name, MODEL_PRESETS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"--model {name!r} is neither a preset{hint}, nor a folder here, nor a hub id like org/name; "
+            f"--model {name!r} is neither a preset{hint}, nor a folder or .safetensors file here, nor a hub id "
+            "like org/name; "
             f"presets: {', '.join(MODEL_PRESETS)}"
         )
+
+
+def check_single_file(name: str, path: Path) -> None:
+    """A single-file checkpoint (``--model fine-tune.safetensors``): a safetensors file whose
+    keys make a whole model of a pipeline diffq runs, read from its header at enqueue."""
+    if path.suffix not in checkpoints.SINGLE_FILE_SUFFIXES:
+        raise ConfigError(
+            f"--model {name!r} is a {path.suffix or 'suffix-less'} file; diffq loads single-file checkpoints from "
+            ".safetensors only (a .ckpt is a pickle that runs code when loaded: convert it to safetensors first)"
+        )
+    try:
+        pipeline = checkpoints.checkpoint_pipeline(checkpoints.header(path))
+    except checkpoints.NotSafetensors as exc:
+        raise ConfigError(f"--model {name!r}: {exc}") from None
+    if pipeline is None:
+        raise ConfigError(
+            f"--model {name!r} is a safetensors file but no whole model diffq knows (an adapter goes in --adapter; "
+            "single files of SDXL, SD 1.x/2.x, SD3 and FLUX load): give a model folder, preset or hub id"
+        )
+    if not runs_here(pipeline):
+        raise ConfigError(f"--model {name!r} {refusal(pipeline)}")
 
 
 def adapter_path(adapter: str, *, check: bool = True) -> str:
@@ -150,12 +175,8 @@ def adapter_path(adapter: str, *, check: bool = True) -> str:
     return str(path)
 
 
-#: what a safetensors header may name as a tensor's dtype
-SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U8", "BOOL"}
 #: a LoRA or DoRA file names at least one tensor with one of these in its key (PEFT, diffusers, kohya)
 ADAPTER_KEY_PARTS = ("lora_A", "lora_B", "lora_down", "lora_up", "lora.down", "lora.up", "lora_magnitude_vector")
-#: a header larger than this is not an adapter's (a LoRA of SDXL's UNet has a few thousand keys)
-MAX_HEADER_BYTES = 64 << 20
 
 
 def check_adapter(adapter: str) -> None:
@@ -189,22 +210,9 @@ def _adapter_file_problem(path: Path) -> str | None:
     if path.suffix != ".safetensors":
         return f"{path.name} is not a .safetensors file (LoRA/DoRA weights are read from safetensors only)"
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            size = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if not 2 <= size <= MAX_HEADER_BYTES:
-                return f"{path.name} is not a safetensors file (no header)"
-            header = json.loads(handle.read(size))
-    except OSError as exc:
-        return f"{path.name} cannot be read here ({exc.strerror or exc})"
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return f"{path.name} is not a safetensors file (its header is not JSON)"
-    if not isinstance(header, dict):
-        return f"{path.name} is not a safetensors file (its header is not a table)"
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    for key, info in tensors.items():
-        if not isinstance(info, dict) or info.get("dtype") not in SAFETENSORS_DTYPES:
-            return f"{path.name} is not a safetensors file (tensor {key!r} has no known dtype)"
+        tensors = checkpoints.header(path)
+    except checkpoints.NotSafetensors as exc:
+        return str(exc)
     if not any(part in key for key in tensors for part in ADAPTER_KEY_PARTS):
         return f"{path.name} holds no LoRA/DoRA weights (no key with {', '.join(ADAPTER_KEY_PARTS[:2])}, ...)"
     return None

@@ -6,7 +6,8 @@ tqdm bar created from the module's ``hf_tqdm`` name (``from_pretrained`` passes 
 of its own). :func:`download_progress` puts a reporting bar there for the duration of one load:
 every 10 % it calls ``report("downloading model: 2.6 of 6.9 GiB (37%)")``, which the worker
 writes to its log and to the running job's ``meta`` (``producer status``, rq-dashboard). And
-when a load fails, :func:`load_failure` says why in one line a user can act on.
+when a load fails, :func:`load_failure` says why in one line a user can act on. A single-file
+checkpoint loads through :func:`from_single_file`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from common import checkpoints
+from common.errors import ModelLoadError
+from common.families import refusal, runs_here
 from common.presets import MODEL_PRESETS
 
 
@@ -93,3 +98,22 @@ def load_failure(exc: BaseException) -> str:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
+
+
+def from_single_file(path: Path, **kwargs: Any) -> Any:
+    """The pipeline of a single-file checkpoint: the class its keys name
+    (:func:`common.checkpoints.checkpoint_pipeline`, the producer's test too), loaded with
+    diffusers' ``from_single_file``, its configs from the folder beside it where that folder has
+    a ``model_index.json``, else the ones diffusers fetches for the base model it recognises."""
+    import diffusers
+
+    try:
+        name = checkpoints.checkpoint_pipeline(checkpoints.header(path))
+    except checkpoints.NotSafetensors as exc:
+        raise ModelLoadError(f"model {str(path)!r}: {exc}") from None
+    if name is None or not runs_here(name):
+        why = refusal(name) if name else "is no whole model diffq knows (SDXL, SD 1.x/2.x, SD3 and FLUX files load)"
+        raise ModelLoadError(f"model {str(path)!r} {why}")
+    cls = getattr(diffusers, name)
+    config = checkpoints.config_folder(path)
+    return cls.from_single_file(str(path), config=str(config) if config else None, **kwargs)

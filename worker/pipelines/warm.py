@@ -21,6 +21,7 @@ import torch
 from diffusers.utils import logging as diffusers_logging
 from transformers.utils import logging as transformers_logging
 
+from common import checkpoints
 from common.errors import AdapterNotFound, ConfigError, ModelLoadError
 from common.families import refusal, runs_here
 from common.jobspec import GenParams
@@ -41,7 +42,7 @@ from worker.pipelines.adapters import MergedAdapters
 from worker.pipelines.backend import Batch
 from worker.pipelines.compile_cache import share_compile_cache
 from worker.pipelines.generate import is_oom, run_batch, run_split
-from worker.pipelines.loading import download_progress, first_line, load_failure
+from worker.pipelines.loading import download_progress, first_line, from_single_file, load_failure
 from worker.pipelines.memory import Budget, GiB, Profiles, largest_batch, measure_peak, profile_key
 from worker.pipelines.offload import NOT_WITH_OFFLOAD, place, weights_bytes, weights_in_place
 from worker.pipelines.pixels import BatchResult, NonFinitePixels
@@ -255,7 +256,8 @@ class WarmPipelines:
 
     def _load(self, model: str) -> Any:
         """``model``'s pipeline: a preset its family builds (on the device) or writes (a folder),
-        else ``from_pretrained`` on a folder or hub id; one of a family's, or any other
+        else ``from_pretrained`` on a folder or hub id (``from_single_file`` on a single-file
+        checkpoint); one of a family's, or any other
         text-to-image pipeline (``common/families.py``), which the generic family runs."""
         from diffusers import DiffusionPipeline
 
@@ -266,13 +268,17 @@ class WarmPipelines:
         source: str | Path = built if built is not None else model
         kwargs: dict[str, Any] = {"dtype": self.dtype}
         try:
-            if self.dtype == torch.float16 and not Path(source).exists():
+            if (file := checkpoints.single_file(str(source))) is not None:
+                pipe = from_single_file(file, **kwargs)
+            elif self.dtype == torch.float16 and not Path(source).exists():
                 try:
                     pipe = DiffusionPipeline.from_pretrained(source, variant="fp16", **kwargs)
                 except (OSError, ValueError):
                     pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
             else:
                 pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
+        except ModelLoadError:
+            raise
         except Exception as exc:  # diffusers raises OSError, ValueError, HF hub errors...
             raise ModelLoadError(f"model {model!r} cannot be loaded: {load_failure(exc)}") from exc
         if not any(runs_here(cls.__name__) for cls in type(pipe).__mro__):
