@@ -6,7 +6,9 @@ throughput from RQ's own job timestamps. One JSON line per run goes to ``--out``
 GPU, the versions and every setting.
 
 ``--adapters none,/tmp/a,/tmp/b`` gives the chunks those adapters in turn (a block of
-``--chunk`` rows each), so consecutive jobs switch adapter; ``--tag`` labels the record.
+``--chunk`` rows each), so consecutive jobs switch adapter; ``--samplers euler,dpm++2m-karras``
+does the same with samplers (the record's ``switch_ratio``: a job after a switch against the
+steady median); ``--score clip=...`` passes the producer's ``--score``; ``--tag`` labels the record.
 
     python3 bench/e2e_queue.py --out $OUT/queue.jsonl --gpu-counts 1,2,4 --chunk 8
 """
@@ -41,16 +43,31 @@ def environment() -> dict:
     return {"gpu_name": gpu, "torch": torch.__version__, "diffusers": diffusers.__version__}
 
 
-def write_prompts(csv: Path, n_images: int, adapters: list[str], chunk: int) -> None:
-    """``n_images`` rows; with adapters, each block of ``chunk`` rows takes the next one."""
-    if not adapters:
-        csv.write_text("prompt\n" + "".join(f'"benchmark prompt {i}, a red fox in snow"\n' for i in range(n_images)))
-        return
+def write_prompts(csv: Path, n_images: int, adapters: list[str], samplers: list[str], chunk: int) -> None:
+    """``n_images`` rows; with adapters (samplers), each block of ``chunk`` rows takes the next one."""
     rows = []
     for i in range(n_images):
-        adapter = adapters[(i // chunk) % len(adapters)]
-        rows.append(f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter}\n')
-    csv.write_text("prompt,adapter\n" + "".join(rows))
+        adapter = adapters[(i // chunk) % len(adapters)] if adapters else "none"
+        sampler = samplers[(i // chunk) % len(samplers)] if samplers else ""
+        rows.append(f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter},{sampler}\n')
+    csv.write_text("prompt,adapter,sampler\n" + "".join(rows))
+
+
+def switch_ratio(ordered: list[Job]) -> float | None:
+    """The median job that follows a sampler switch against the median one that does not, both
+    after the last job that compiled: 1.0 when a switch costs nothing."""
+    last = max((i for i, j in enumerate(ordered) if j.return_value().get("compiles")), default=0)
+    switched, same = [], []
+    for before, job in zip(ordered[last:], ordered[last + 1 :], strict=False):
+        took = done_at(job) - job.started_at.timestamp()
+        (switched if sampler_of(job) != sampler_of(before) else same).append(took)
+    if not switched or not same:
+        return None
+    return round(sorted(switched)[len(switched) // 2] / sorted(same)[len(same) // 2], 4)
+
+
+def sampler_of(job: Job) -> str:
+    return (job.kwargs.get("spec") or {}).get("params", {}).get("sampler") or ""
 
 
 def done_at(job: Job) -> float:
@@ -115,7 +132,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     csv = Path(args.work) / f"{queue_name}.csv"
     n_images = args.images_per_gpu * gpus
     adapters = [a for a in args.adapters.split(",") if a]
-    write_prompts(csv, n_images, adapters, args.chunk)
+    samplers = [a for a in args.samplers.split(",") if a]
+    write_prompts(csv, n_images, adapters, samplers, args.block or args.chunk)
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue_name, "PYTHONUNBUFFERED": "1"}
     subprocess.run(
         [
@@ -140,6 +158,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             str(out_dir),
             *(["--sampler", args.sampler] if args.sampler else []),
             *(["--timestep-spacing", args.timestep_spacing] if args.timestep_spacing else []),
+            *(["--score", args.score] if args.score else []),
         ],
         env=env,
         cwd=ROOT,
@@ -205,7 +224,9 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "size": args.size,
         "steps": args.steps,
         "guidance": args.guidance,
-        "sampler": args.sampler or "",  # empty: the model's own
+        "sampler": args.sampler or ",".join(samplers),  # empty: the model's own
+        "score": args.score,
+        "switch_ratio": switch_ratio(ordered),
         "timestep_spacing": args.timestep_spacing or "",
         "negative_prompt": "",  # the prompts file has none
         "image_format": "png",
@@ -236,6 +257,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "job_trace": [
             {
                 "adapter": (j.kwargs.get("spec") or {}).get("params", {}).get("adapter"),
+                "sampler": sampler_of(j),
                 "job_s": round(done_at(j) - j.started_at.timestamp(), 3),
                 **{k: j.return_value()["timings"].get(k) for k in ("adapter_s", "denoise_s", "total_s")},
                 "compiles": j.return_value().get("compiles"),
@@ -266,6 +288,9 @@ def main() -> None:
         "--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter"
     )
     ap.add_argument("--sampler", default="", help="the rows' sampler (common/samplers.py); empty: the model's own")
+    ap.add_argument("--samplers", default="", help="comma-separated samplers taken in turn by blocks of rows")
+    ap.add_argument("--block", type=int, default=0, help="rows per adapter or sampler block (0: --chunk's)")
+    ap.add_argument("--score", default="", help="the producer's --score (scores in the worker)")
     ap.add_argument("--timestep-spacing", default="", help="the sampler's spacing (leading, linspace, trailing)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()

@@ -30,7 +30,11 @@ SCORERS: dict[str, Scorer] = {
 }  # fmt: skip
 
 #: scorer models written locally (tests, the demo): random weights, the real code path
-SCORER_PRESETS = {"tiny-clip": "a small CLIP with random weights and an aesthetic head, written to the cache"}
+SCORER_PRESETS = {
+    "tiny-clip": "a small CLIP with random weights and an aesthetic head, written to the cache",
+    "clip-l-random": "CLIP ViT-L/14's architecture (clip's model) with random weights, built on the device",
+    "clip-h-random": "CLIP ViT-H/14's architecture (PickScore's model) with random weights, built on the device",
+}
 MAX_SCORES = 4
 
 

@@ -99,3 +99,18 @@ def test_a_worker_scores_every_image_before_writing_it_and_status_shows_the_scor
         [sys.executable, "-m", "producer", "status"], env=env, cwd=ROOT, capture_output=True, text=True
     )
     assert "score     aesthetic: mean" in text.stdout and "over 3 img" in text.stdout
+
+
+def test_the_random_scorers_have_the_real_scorers_parameters():
+    """clip-l-random and clip-h-random stand for clip's and PickScore's models in the GPU
+    benchmarks: the same architecture (openai/clip-vit-large-patch14: 427.6 M parameters;
+    ViT-H/14: 986.1 M), counted on the meta device (no weights drawn)."""
+    import torch
+
+    from worker.pipelines.scores import RANDOM_CLIPS, random_clip
+
+    counts = {
+        name: sum(p.numel() for p in random_clip(shape, torch.device("meta"), torch.float16)[0].parameters())
+        for name, shape in RANDOM_CLIPS.items()
+    }
+    assert counts == {"clip-l-random": 427_616_513, "clip-h-random": 986_109_441}

@@ -90,10 +90,13 @@ class Scorers:
         if model not in self._models:
             from transformers import CLIPModel, CLIPProcessor
 
-            source = ensure_tiny_clip(self.cache_dir) if model == "tiny-clip" else model
             dtype = torch.float16 if self.device.type == "cuda" else torch.float32
-            clip = CLIPModel.from_pretrained(source, dtype=dtype).to(self.device).eval()
-            self._models[model] = (clip, CLIPProcessor.from_pretrained(source))
+            if model in RANDOM_CLIPS:
+                self._models[model] = random_clip(RANDOM_CLIPS[model], self.device, dtype)
+            else:
+                source = ensure_tiny_clip(self.cache_dir) if model == "tiny-clip" else model
+                clip = CLIPModel.from_pretrained(source, dtype=dtype).to(self.device).eval()
+                self._models[model] = (clip, CLIPProcessor.from_pretrained(source))
             log.info("scorer model %s loaded", model)
         return self._models[model]
 
@@ -116,6 +119,41 @@ def _tensor(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
     return out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
+
+
+#: the scorers' real architectures with random weights (the benchmarks' cost of a score):
+#: CLIP ViT-L/14 (openai/clip-vit-large-patch14, ``clip``'s) and ViT-H/14 (PickScore's)
+RANDOM_CLIPS: dict[str, dict[str, Any]] = {
+    "clip-l-random": {
+        "text": {"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "num_hidden_layers": 12},
+        "vision": {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                   "patch_size": 14},
+        "projection_dim": 768,
+    },
+    "clip-h-random": {
+        "text": {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24},
+        "vision": {"hidden_size": 1280, "intermediate_size": 5120, "num_attention_heads": 16, "num_hidden_layers": 32,
+                   "patch_size": 14},
+        "projection_dim": 1024,
+    },
+}  # fmt: skip
+
+
+def random_clip(shape: dict[str, Any], device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A CLIP of ``shape`` with random weights drawn on ``device`` and its processor (224-pixel
+    images, the byte-level tokenizer): the FLOPs and the preprocessing of the real scorer."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    from worker.pipelines import models
+
+    tokenizer = models.byte_tokenizer(49408)
+    text = {**shape["text"], **models.clip_ids(tokenizer), "projection_dim": shape["projection_dim"]}
+    vision = {**shape["vision"], "image_size": 224, "projection_dim": shape["projection_dim"]}
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=shape["projection_dim"])
+    with models.drawn(TINY_CLIP_SEED, dtype, device):
+        clip = CLIPModel(config).eval()
+    images = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    return clip, CLIPProcessor(image_processor=images, tokenizer=tokenizer)
 
 
 def ensure_tiny_clip(cache_dir: str | Path) -> Path:
