@@ -4,6 +4,7 @@
 #   schnell the FLUX architecture at the flux-schnell recipe's settings (4 steps, guidance 0), batch 4
 #   plain / scored  SDXL 30 steps, CFG 5, batch 8, without and with --score clip,pickscore
 #           (CLIP-L and CLIP-H architectures with random weights)
+#   lightning32  SDXL at the sdxl-lightning-4 recipe's settings (4 steps, no CFG, euler trailing), jobs of 32
 # Lines to $OUT/models.jsonl; each phase's worker log beside it.
 #   bash bench/models_device.sh switch schnell plain scored
 source bench/device_setup.sh || exit 1
@@ -15,6 +16,8 @@ for phase in "$@"; do
     switch) $Q --tag switch --images-per-gpu 48 --chunk 8 --block 16 --samplers euler,dpm++2m-karras ;;
     schnell) $Q --tag schnell --model flux-random --steps 4 --guidance 0 --chunk 4 --images-per-gpu 48 ;;
     plain) $Q --tag plain --images-per-gpu 32 --chunk 8 ;;
+    lightning32) $Q --tag lightning32 --images-per-gpu 96 --chunk 32 --steps 4 --guidance 0 --sampler euler \
+      --timestep-spacing trailing ;;
     scored) $Q --tag scored --images-per-gpu 32 --chunk 8 --score clip=clip-l-random,pickscore=clip-h-random ;;
   esac 2>&1 | tail -c 600
 done
