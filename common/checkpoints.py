@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.families import refusal, runs_here
+
 #: what a safetensors header may name as a tensor's dtype
 SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U8", "BOOL"}
 #: a header larger than this is no checkpoint's (a whole SDXL file's is about 0.2 MB)
@@ -84,6 +86,27 @@ def checkpoint_pipeline(tensors: dict[str, dict[str, Any]]) -> str | None:
             channels = img_in[1] if img_in is not None and len(img_in) > 1 else 64
             return {384: "FluxFillPipeline", 128: "FluxControlPipeline"}.get(channels, "FluxPipeline")
     return None
+
+
+class Unrunnable(ValueError):
+    """Why a file is no model diffq runs, worded to follow its name (``--model 'x.safetensors'``)."""
+
+
+def runnable_pipeline(path: Path) -> str:
+    """The pipeline class of the single-file checkpoint at ``path``, one that a family runs, or
+    :class:`Unrunnable`: the producer's check at enqueue and the worker's load ask the same."""
+    try:
+        name = checkpoint_pipeline(header(path))
+    except NotSafetensors as exc:
+        raise Unrunnable(f": {exc}") from None
+    if name is None:
+        raise Unrunnable(
+            " is a safetensors file but no whole model diffq knows (an adapter goes in --adapter; "
+            "single files of SDXL, SD 1.x/2.x, SD3 and FLUX load): give a model folder, preset or hub id"
+        )
+    if not runs_here(name):
+        raise Unrunnable(f" {refusal(name)}")
+    return name
 
 
 def single_file(name: str) -> Path | None:

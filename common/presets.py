@@ -143,16 +143,9 @@ def check_single_file(name: str, path: Path) -> None:
             ".safetensors only (a .ckpt is a pickle that runs code when loaded: convert it to safetensors first)"
         )
     try:
-        pipeline = checkpoints.checkpoint_pipeline(checkpoints.header(path))
-    except checkpoints.NotSafetensors as exc:
-        raise ConfigError(f"--model {name!r}: {exc}") from None
-    if pipeline is None:
-        raise ConfigError(
-            f"--model {name!r} is a safetensors file but no whole model diffq knows (an adapter goes in --adapter; "
-            "single files of SDXL, SD 1.x/2.x, SD3 and FLUX load): give a model folder, preset or hub id"
-        )
-    if not runs_here(pipeline):
-        raise ConfigError(f"--model {name!r} {refusal(pipeline)}")
+        checkpoints.runnable_pipeline(path)
+    except checkpoints.Unrunnable as exc:
+        raise ConfigError(f"--model {name!r}{exc}") from None
 
 
 def adapter_path(adapter: str, *, check: bool = True) -> str:

@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 
 from common import checkpoints
 from common.errors import ModelLoadError
-from common.families import refusal, runs_here
 from common.presets import MODEL_PRESETS
 
 
@@ -108,12 +107,9 @@ def from_single_file(path: Path, **kwargs: Any) -> Any:
     import diffusers
 
     try:
-        name = checkpoints.checkpoint_pipeline(checkpoints.header(path))
-    except checkpoints.NotSafetensors as exc:
-        raise ModelLoadError(f"model {str(path)!r}: {exc}") from None
-    if name is None or not runs_here(name):
-        why = refusal(name) if name else "is no whole model diffq knows (SDXL, SD 1.x/2.x, SD3 and FLUX files load)"
-        raise ModelLoadError(f"model {str(path)!r} {why}")
+        name = checkpoints.runnable_pipeline(path)
+    except checkpoints.Unrunnable as exc:
+        raise ModelLoadError(f"model {str(path)!r}{exc}") from None
     cls = getattr(diffusers, name)
     config = checkpoints.config_folder(path)
     return cls.from_single_file(str(path), config=str(config) if config else None, **kwargs)
