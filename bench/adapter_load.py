@@ -97,14 +97,14 @@ def _timed_moved(*args: Any, **kwargs: Any) -> Any:
 
 def writer(images: int) -> threading.Thread:
     """What runs beside a worker's next job: the job before's PNGs encoded in a thread
-    (:func:`worker.output.images.png_bytes`, 1024² noise, as the worker's writer does)."""
+    (:func:`worker.output.images.image_bytes`, 1024² noise, as the worker's writer does)."""
     from PIL import Image
 
-    from worker.output.images import png_bytes
+    from worker.output.images import image_bytes
 
     rng = np.random.default_rng(0)
     pictures = [Image.fromarray(rng.integers(0, 255, (1024, 1024, 3), dtype=np.uint8)) for _ in range(images)]
-    thread = threading.Thread(target=lambda: [png_bytes(p, {"prompt": "x"}) for p in pictures], daemon=True)
+    thread = threading.Thread(target=lambda: [image_bytes(p, {"prompt": "x"}) for p in pictures], daemon=True)
     return thread
 
 

@@ -8,7 +8,8 @@ GPU, the versions and every setting.
 ``--adapters none,/tmp/a,/tmp/b`` gives the chunks those adapters in turn (a block of
 ``--chunk`` rows each), so consecutive jobs switch adapter; ``--samplers euler,dpm++2m-karras``
 does the same with samplers (the record's ``switch_ratio``: a job after a switch against the
-steady median); ``--score clip=...`` passes the producer's ``--score``; ``--tag`` labels the record.
+steady median); ``--score clip=...`` passes the producer's ``--score``, ``--image-format`` its format,
+``--negative-prompt mlperf`` gives every row MLPerf SDXL's negative prompt; ``--tag`` labels the record.
 
     python3 bench/e2e_queue.py --out $OUT/queue.jsonl --gpu-counts 1,2,4 --chunk 8
 """
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import redis
@@ -43,14 +45,22 @@ def environment() -> dict:
     return {"gpu_name": gpu, "torch": torch.__version__, "diffusers": diffusers.__version__}
 
 
-def write_prompts(csv: Path, n_images: int, adapters: list[str], samplers: list[str], chunk: int) -> None:
+#: the negative prompt of MLPerf Inference's SDXL benchmark (its reference implementation)
+MLPERF_NEGATIVE = "normal quality, low quality, worst quality, low res, blurry, nsfw, nude"
+
+
+def write_prompts(
+    csv: Path, n_images: int, adapters: list[str], samplers: list[str], chunk: int, negative: str = ""
+) -> None:
     """``n_images`` rows; with adapters (samplers), each block of ``chunk`` rows takes the next one."""
     rows = []
     for i in range(n_images):
         adapter = adapters[(i // chunk) % len(adapters)] if adapters else "none"
         sampler = samplers[(i // chunk) % len(samplers)] if samplers else ""
-        rows.append(f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter},{sampler}\n')
-    csv.write_text("prompt,adapter,sampler\n" + "".join(rows))
+        rows.append(
+            f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter},{sampler},"{negative}"\n'
+        )
+    csv.write_text("prompt,adapter,sampler,negative_prompt\n" + "".join(rows))
 
 
 def switch_ratio(ordered: list[Job]) -> float | None:
@@ -89,6 +99,20 @@ def after_last_compile(ordered: list[Job]) -> float | None:
 def pipeline_s(job: Job) -> float:
     t = job.return_value()["timings"]
     return t["encode_s"] + t["denoise_s"] + t["decode_s"]
+
+
+def host_parts(ordered: list[Job]) -> dict:
+    """Where a steady job's time goes beside its pipeline call (medians over the jobs after the
+    first): ``in_job_host_s`` is the job function's time outside encode, denoise and decode
+    (planning, Redis, handing the tail over), ``between_jobs_s`` RQ's time from one job's end to
+    the next one's start (completing the previous job, dequeuing, fetching)."""
+    rest = ordered[1:]
+    if len(rest) < 2:
+        return {}
+    inside = sorted((j.ended_at - j.started_at).total_seconds() - pipeline_s(j) for j in rest)
+    between = sorted((b.started_at - a.ended_at).total_seconds() for a, b in pairwise(rest))
+    return {"median_in_job_host_s": round(inside[len(inside) // 2], 4),
+            "median_between_jobs_s": round(between[len(between) // 2], 4)}  # fmt: skip
 
 
 def queue_overhead(ordered: list[Job]) -> float | None:
@@ -133,7 +157,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     n_images = args.images_per_gpu * gpus
     adapters = [a for a in args.adapters.split(",") if a]
     samplers = [a for a in args.samplers.split(",") if a]
-    write_prompts(csv, n_images, adapters, samplers, args.block or args.chunk)
+    negative = MLPERF_NEGATIVE if args.negative_prompt == "mlperf" else args.negative_prompt
+    write_prompts(csv, n_images, adapters, samplers, args.block or args.chunk, negative)
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue_name, "PYTHONUNBUFFERED": "1"}
     subprocess.run(
         [
@@ -159,6 +184,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             *(["--sampler", args.sampler] if args.sampler else []),
             *(["--timestep-spacing", args.timestep_spacing] if args.timestep_spacing else []),
             *(["--score", args.score] if args.score else []),
+            *(["--image-format", args.image_format] if args.image_format != "png" else []),
         ],
         env=env,
         cwd=ROOT,
@@ -228,8 +254,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "score": args.score,
         "switch_ratio": switch_ratio(ordered),
         "timestep_spacing": args.timestep_spacing or "",
-        "negative_prompt": "",  # the prompts file has none
-        "image_format": "png",
+        "negative_prompt": negative,  # every row's (empty: none)
+        "image_format": args.image_format,
         "commit": os.environ.get("BENCH_COMMIT", ""),
         "adapters": adapters,
         "compiles_first_job": ordered[0].return_value().get("compiles"),
@@ -239,7 +265,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "exit_code": proc.returncode,
         "jobs": len(jobs),
         "images": images,
-        "pngs_on_disk": len(list((out_dir / "images").rglob("*.png"))),
+        "files_on_disk": sum(1 for p in (out_dir / "images").rglob("*") if p.suffix in (".png", ".jpg", ".webp")),
         "img_per_s": round(images / span, 4),
         "steady_img_per_s": round(steady, 4),
         "launch_to_first_image_s": round(min(ends) - launched, 2),
@@ -251,6 +277,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "median_denoise_s": round(sorted(t["denoise_s"] for t in timings)[len(timings) // 2], 4),
         "median_pipeline_s": round(sorted(pipeline_s(j) for j in jobs)[len(jobs) // 2], 4),
         "median_total_s": round(sorted(t["total_s"] for t in timings)[len(timings) // 2], 4),
+        "median_encode_s": round(sorted(t["encode_s"] for t in timings)[len(timings) // 2], 4),
+        **host_parts(ordered),
         "workers": sorted(per_worker),
         # each job in order: its adapter, its time from start to done, and what loading or merging
         # the adapter took inside it (the adapter issue's "first job of a new adapter" figure)
@@ -292,6 +320,8 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=0, help="rows per adapter or sampler block (0: --chunk's)")
     ap.add_argument("--score", default="", help="the producer's --score (scores in the worker)")
     ap.add_argument("--timestep-spacing", default="", help="the sampler's spacing (leading, linspace, trailing)")
+    ap.add_argument("--image-format", default="png", help="the producer's --image-format (png, jpeg:90, webp, ...)")
+    ap.add_argument("--negative-prompt", default="", help="every row's negative prompt; mlperf: MLPerf SDXL's")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)

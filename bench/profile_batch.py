@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rank_profile import kind_of  # bench/, this script's own folder
 
 from common.jobspec import GenParams
-from worker.output.images import png_bytes, temp_dir, write_atomic
+from worker.output.images import image_bytes, temp_dir, write_atomic
 from worker.pipelines.generate import run_batch
 from worker.pipelines.models import sdxl_random
 from worker.pipelines.pixels import decode
@@ -150,7 +150,7 @@ def main() -> None:
     ]
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=min(8, args.batch)) as pool:
-        blobs = list(pool.map(lambda pair: png_bytes(pair[1], pair[0]), zip(records, result.images, strict=True)))
+        blobs = list(pool.map(lambda pair: image_bytes(pair[1], pair[0]), zip(records, result.images, strict=True)))
     encoded = time.perf_counter()
     for i, blob in enumerate(blobs):
         write_atomic(folder / f"{i}.png", blob, temp_dir(folder))

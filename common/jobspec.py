@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import partial
 from typing import Any
 
-from common import adapter_stack, scorers
+from common import adapter_stack, image_format, scorers
 from common.errors import InvalidJobSpec
 from common.samplers import SAMPLERS, SPACINGS, check_sampler, check_spacing
 
@@ -145,6 +145,20 @@ class GenParams:
         flag="Several adapters with their weights, a.safetensors:0.8+b.safetensors:1, for rows without an "
         "adapters cell (instead of --adapter)",
     )  # fmt: skip
+    image_format: str = _param(
+        image_format.DEFAULT, str, "string", image_format.check,
+        flag="The files' format: png, jpeg or webp, a quality after ':' (jpeg:90, webp:lossless), for rows "
+        "without an image_format cell",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        # one spelling per format (JPG, jpeg:95 and jpeg are one): the format is part of an item's key
+        try:
+            canonical = image_format.parse(self.image_format).spec
+        except (InvalidJobSpec, TypeError, AttributeError):
+            return  # validate() says what is wrong
+        if canonical != self.image_format:
+            object.__setattr__(self, "image_format", canonical)
 
     def validate(self) -> GenParams:
         for f in fields(self):
@@ -154,6 +168,11 @@ class GenParams:
             "adapter and adapters are both set: give one adapter, or all of them in adapters (a:0.8+b:1)",
         )
         return self
+
+    @property
+    def file_format(self) -> image_format.ImageFormat:
+        """The format this chunk's images are written in."""
+        return image_format.parse(self.image_format)
 
     def stack(self) -> adapter_stack.Stack:
         """The adapters this chunk runs with, each with its weight, in merge order."""
@@ -237,8 +256,10 @@ class JobSpec:
         self.params.validate()
         _check_text("output", self.output, max_chars=MAX_NAME_CHARS, allow_empty=False)
         _require(len(self.items) > 0, "a job needs at least one prompt")
+        fmt = image_format.parse(self.params.image_format)
         for item in self.items:
             item.validate()
+            image_format.check_fits(fmt, item.prompt, item.negative_prompt)
         if self.scores:
             scorers.check(self.scores)
         return self

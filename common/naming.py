@@ -102,14 +102,15 @@ def output_id(location: str) -> str:
     return _digest({"output": location.rstrip("/")})[:8]
 
 
-def image_relpath(key: str, index: int) -> str:
-    """Path of image ``index`` of an item, relative to the output folder.
+def image_relpath(key: str, index: int, extension: str = "png") -> str:
+    """Path of image ``index`` of an item, relative to the output folder; ``extension`` is its
+    format's (:mod:`common.image_format`).
 
     Sharded by the first two hex digits so a folder never holds more than ~1/256 of a dataset.
     """
     if len(key) != KEY_CHARS or any(c not in "0123456789abcdef" for c in key):
         raise ValueError(f"not an item key: {key!r}")
-    return f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png"
+    return f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.{extension}"
 
 
 def metadata_part(job_id: str, execution: str) -> str:
@@ -119,5 +120,5 @@ def metadata_part(job_id: str, execution: str) -> str:
     return f"{METADATA_PARTS_DIR}/{job_id}.{_digest({'execution': execution})[:12]}.jsonl"
 
 
-def image_path(output: str | Path, key: str, index: int) -> Path:
-    return Path(output) / image_relpath(key, index)
+def image_path(output: str | Path, key: str, index: int, extension: str = "png") -> Path:
+    return Path(output) / image_relpath(key, index, extension)

@@ -286,8 +286,10 @@ class Enqueuer:
         if self._store is not None:
             if self._listed is None:
                 self._listed = set(self._store.listing(IMAGES_DIR))
-            return not all(image_relpath(key, i) in self._listed for i in range(row.item.num_images))
-        return not all(image_path(self._output, key, i).exists() for i in range(row.item.num_images))
+            ext = row.params.file_format.extension
+            return not all(image_relpath(key, i, ext) in self._listed for i in range(row.item.num_images))
+        ext = row.params.file_format.extension
+        return not all(image_path(self._output, key, i, ext).exists() for i in range(row.item.num_images))
 
     def _lines_there(self, key: str, row: Row) -> bool:
         """Are the item's metadata lines still there? Its images are made again either way; its
@@ -298,7 +300,8 @@ class Enqueuer:
         if self._recorded is None:
             store = self._store or Store(self.options.output)
             self._recorded = recorded_names(store)
-        return all(image_relpath(key, i) in self._recorded for i in range(row.item.num_images))
+        ext = row.params.file_format.extension
+        return all(image_relpath(key, i, ext) in self._recorded for i in range(row.item.num_images))
 
     def requeue(self, items: list[tuple[GenParams, str, PromptItem]]) -> int:
         """Queue done items again to remake their images and lines (``producer verify --repair``

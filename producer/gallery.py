@@ -141,6 +141,10 @@ def pairs_page(gallery: Gallery, query: dict[str, str]) -> bytes:
     return _page(f"diffq pairs: {gallery.folder.name}", "".join(body))
 
 
+#: what each image format's files are served as
+MEDIA_TYPES = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp"}
+
+
 def handler(gallery: Gallery, username: str, password: str) -> type[BaseHTTPRequestHandler]:
     expected = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
@@ -162,11 +166,12 @@ def handler(gallery: Gallery, username: str, password: str) -> type[BaseHTTPRequ
                 elif url.path == "/pairs":
                     self._send(pairs_page(gallery, query), "text/html; charset=utf-8")
                 elif url.path.startswith("/image/"):
-                    data = gallery.image(unquote(url.path.removeprefix("/image/")))
+                    name = unquote(url.path.removeprefix("/image/"))
+                    data = gallery.image(name)
                     if data is None:
                         self.send_error(HTTPStatus.NOT_FOUND, "no such image in this output's metadata")
                         return
-                    self._send(data, "image/png")
+                    self._send(data, MEDIA_TYPES.get(name.rpartition(".")[2], "application/octet-stream"))
                 else:
                     self.send_error(HTTPStatus.NOT_FOUND)
             except (ConfigError, ValueError) as exc:

@@ -1,12 +1,13 @@
 """The three shard formats of ``producer export``, written deterministically.
 
 - **webdataset**: ``NNNNNN.tar`` with ``<key>.png`` and ``<key>.json`` per sample (for a
-  prompt group: ``<key>.0.png``, ``<key>.1.png``, ... and one ``<key>.json`` listing them).
+  prompt group: ``<key>.0.png``, ``<key>.1.png``, ... and one ``<key>.json`` listing them);
+  a JPEG or WebP campaign's members end in ``.jpg`` or ``.webp``, as its files do.
   Tar members have fixed owner, mode and time, so the same samples give the same bytes.
 - **parquet**: ``NNNNNN.parquet``; the image column is ``struct<bytes, path>`` and the schema
   carries the Hugging Face features, so ``datasets.load_dataset("parquet", ...)`` decodes the
   images. A group is one row with list columns.
-- **imagefolder**: ``NNNNNN/`` with the PNGs and a ``metadata.jsonl`` whose ``file_name`` is
+- **imagefolder**: ``NNNNNN/`` with the images and a ``metadata.jsonl`` whose ``file_name`` is
   relative to it: ``datasets.load_dataset("imagefolder", data_dir=DEST)`` reads all shards.
 
 Images are streamed in (a batch at a time), so memory holds one batch (one Parquet row group,
@@ -106,15 +107,15 @@ class ShardWriter:
                 if not self.grouped:
                     record, blob = present[0]
                     key = sample_key(record)
-                    _add(tar, f"{key}.png", blob)
+                    _add(tar, f"{key}.{_ext(record)}", blob)
                     _add(tar, f"{key}.json", _json(columns(record)))
                     continue
                 first = present[0][0]
                 key = f"g{_group(first)}"
                 images = []
                 for i, (record, blob) in enumerate(present):
-                    _add(tar, f"{key}.{i}.png", blob)
-                    images.append({"file": f"{i}.png", **columns(record)})
+                    _add(tar, f"{key}.{i}.{_ext(record)}", blob)
+                    images.append({"file": f"{i}.{_ext(record)}", **columns(record)})
                 _add(tar, f"{key}.json", _json({"prompt": first.get("prompt"), "images": images}))
         dest.put_file(f"{name}.tar", tmp)
 
@@ -129,7 +130,7 @@ class ShardWriter:
         tmp = folder / f"{name}.parquet"
         pending: list[dict[str, Any]] = []
         size = 0
-        with pq.ParquetWriter(tmp, schema, compression="NONE") as out:  # PNG bytes do not compress
+        with pq.ParquetWriter(tmp, schema, compression="NONE") as out:  # image bytes do not compress
             for sample, blobs in batches:
                 present = [(r, b) for r, b in zip(sample, blobs, strict=True) if b is not None]
                 if not present:
@@ -142,7 +143,7 @@ class ShardWriter:
                     row: dict[str, Any] = {
                         "group": _group(present[0][0]),
                         "prompt": present[0][0].get("prompt"),
-                        "images": [{"bytes": b, "path": sample_key(r) + ".png"} for r, b in present],
+                        "images": [{"bytes": b, "path": f"{sample_key(r)}.{_ext(r)}"} for r, b in present],
                     }
                     values = [_parquet(columns(r)) for r, _ in present]
                     for column in PER_IMAGE:
@@ -150,7 +151,7 @@ class ShardWriter:
                     rows = [row]
                 else:
                     rows = [
-                        {"image": {"bytes": b, "path": sample_key(r) + ".png"}, **_parquet(columns(r))}
+                        {"image": {"bytes": b, "path": f"{sample_key(r)}.{_ext(r)}"}, **_parquet(columns(r))}
                         for r, b in present
                     ]
                 pending += rows
@@ -169,10 +170,15 @@ class ShardWriter:
             for record, blob in zip(sample, blobs, strict=True):
                 if blob is None:
                     continue
-                file_name = f"{sample_key(record)}.png"
+                file_name = f"{sample_key(record)}.{_ext(record)}"
                 dest.put(f"{name}/{file_name}", blob)
                 lines.append(_json({"file_name": file_name, **columns(record)}) + b"\n")
         dest.put(f"{name}/metadata.jsonl", b"".join(lines))
+
+
+def _ext(record: dict[str, Any]) -> str:
+    """The extension of the image a line names (png, jpg or webp): a shard's member keeps it."""
+    return str(record.get("file_name", "")).rpartition(".")[2] or "png"
 
 
 def _schema(pa: Any, grouped: bool) -> Any:
@@ -204,8 +210,8 @@ def _pair_row(present: list[tuple[dict[str, Any], bytes]]) -> dict[str, Any]:
     (first, a), (second, b) = present
     row: dict[str, Any] = {
         "caption": first.get("prompt"),
-        "image_0": {"bytes": a, "path": sample_key(first) + ".png"},
-        "image_1": {"bytes": b, "path": sample_key(second) + ".png"},
+        "image_0": {"bytes": a, "path": f"{sample_key(first)}.{_ext(first)}"},
+        "image_1": {"bytes": b, "path": f"{sample_key(second)}.{_ext(second)}"},
         "label_0": first["_label"],
         "label_1": second["_label"],
         "score_0": first["_score"],

@@ -2,10 +2,11 @@
 
 Every done item has its image(s), each whole, and exactly one metadata line per image; every
 line names an image that is there; no image or line belongs to an item the queue does not know.
-``--repair`` makes it so: a line missing for an image is rebuilt from the image's own ``diffq``
-PNG chunk; an item with an image missing or broken is queued again (its lines dropped, the
-worker writes them anew, and the count drops until it does); fragments and repeated lines are
-removed. Items still queued or running are in flight, not problems.
+``--repair`` makes it so: a line missing for an image is rebuilt from the parameters the image
+carries (a PNG's ``diffq`` chunk, a JPEG's or WebP's EXIF: :mod:`common.image_format`); an
+item with an image missing or broken is queued again (its lines dropped, the worker writes them
+anew, and the count drops until it does); fragments and repeated lines are removed. Items still
+queued or running are in flight, not problems.
 
 It streams, for 10^7 images: one pass spills the ledger (HSCAN) and the metadata's image names
 into 256 bucket files by the names' two-hex-digit folder, then each bucket is checked with its
@@ -33,21 +34,20 @@ from typing import Any
 import redis
 from PIL import Image
 
+from common import image_format
 from common.jobspec import GenParams, PromptItem
 from common.ledger import REDO_PREFIX, done_in, is_done
 from common.metadata_log import open_locked
-from common.naming import IMAGES_DIR, METADATA_FILE, METADATA_PARTS_DIR, item_key, output_id
+from common.naming import IMAGES_DIR, METADATA_FILE, METADATA_PARTS_DIR, image_relpath, item_key, output_id
 from common.queues import images_key, items_key
 from common.reconcile import job_places, left
 from common.storage import Store
 from producer.metadata import metadata_files, parse, read
 
-#: what Pillow raises for a cut or corrupt PNG (a truncated stream, a bad chunk, a bomb)
+#: what Pillow raises for a cut or corrupt image (a truncated stream, a bad chunk, a bomb)
 BROKEN_IMAGE = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
-NAME = re.compile(r"images/([0-9a-f]{2})/([0-9a-f]{24})-(\d+)\.png")
-PNG_HEAD = b"\x89PNG\r\n\x1a\n"
-PNG_TAIL = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+NAME = re.compile(rf"images/([0-9a-f]{{2}})/([0-9a-f]{{24}})-(\d+)\.({'|'.join(image_format.BY_EXTENSION)})")
 BUCKETS = [f"{i:02x}" for i in range(256)]
 #: what each kind of problem is called in the report
 KINDS = {
@@ -291,9 +291,10 @@ class Spill:
 
 
 def _listing(store: Store, bucket: str, deep: bool) -> dict[str, bool]:
-    """The images in one bucket folder, and whether each is whole: a PNG's signature and its
-    IEND trailer on a local folder (a cut file fails), a full decode with ``deep``; on an
-    object store, which has no partial objects, a size that can hold a PNG."""
+    """The images in one bucket folder, and whether each is whole: its format's first and last
+    bytes on a local folder (a PNG's signature and IEND trailer, a JPEG's end marker, a WebP's
+    stated size: a cut file fails), a full decode with ``deep``; on an object store, which has
+    no partial objects, a size that can hold an image."""
     folder = f"{IMAGES_DIR}/{bucket}"
     found: dict[str, bool] = {}
     if not store.remote:
@@ -302,8 +303,9 @@ def _listing(store: Store, bucket: str, deep: bool) -> dict[str, bool]:
         except FileNotFoundError:
             return found
         for entry in entries:
-            if entry.name.endswith(".png") and not entry.name.startswith("."):
-                found[f"{folder}/{entry.name}"] = _whole(entry.path, deep)
+            fmt = image_format.of_file(entry.name)
+            if fmt is not None and not entry.name.startswith("."):
+                found[f"{folder}/{entry.name}"] = _whole(entry.path, fmt, deep)
         return found
     base = store.path(folder)
     if not store.fs.exists(base):
@@ -311,15 +313,15 @@ def _listing(store: Store, bucket: str, deep: bool) -> dict[str, bool]:
     cut = len(store.root) + 1
     for path, info in store.fs.find(base, detail=True).items():
         rel = path[cut:]
-        if rel.endswith(".png"):
-            found[rel] = int(info.get("size") or 0) > len(PNG_HEAD) + len(PNG_TAIL)
+        if image_format.of_file(rel) is not None:
+            found[rel] = int(info.get("size") or 0) > 2 * image_format.ENDS
     if deep:
         for rel, blob in store.read_many([r for r, ok in found.items() if ok], missing_ok=True).items():
             found[rel] = _decodes(blob)
     return found
 
 
-def _whole(path: str, deep: bool) -> bool:
+def _whole(path: str, fmt: image_format.ImageFormat, deep: bool) -> bool:
     try:
         if deep:
             with open(path, "rb") as handle:
@@ -327,7 +329,8 @@ def _whole(path: str, deep: bool) -> bool:
         fd = os.open(path, os.O_RDONLY)  # three system calls, no file object: 10^7 of them
         try:
             size = os.fstat(fd).st_size
-            return size > 20 and os.pread(fd, 8, 0) == PNG_HEAD and os.pread(fd, 12, size - 12) == PNG_TAIL
+            ends = image_format.ENDS
+            return size > ends and fmt.is_whole(os.pread(fd, ends, 0), os.pread(fd, ends, size - ends), size)
         finally:
             os.close(fd)
     except OSError:
@@ -347,10 +350,12 @@ def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport,
     ledger = dict(line.split(" ", 1) for line in spill.lines("ledger", bucket))
     files = _listing(store, bucket, deep)
     lines: dict[str, dict[int, list[tuple[str, int]]]] = {}
+    extension: dict[str, str] = {}  # each item's files' (its lines', else its files')
     sizes: dict[str, int] = {}
     for text in spill.lines("lines", bucket):
         name, source, position, n = text.split("\t")
-        key, index = name[10:34], int(name[35:-4])
+        key, index = name[10:34], int(name[35 : name.rindex(".")])
+        extension.setdefault(key, name[name.rindex(".") + 1 :])
         lines.setdefault(key, {}).setdefault(index, []).append((source, int(position)))
         if n:
             sizes[key] = int(n)
@@ -359,11 +364,17 @@ def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport,
         match = NAME.fullmatch(name)
         if match:
             by_key.setdefault(match[2], {})[int(match[3])] = whole
+            extension.setdefault(match[2], match[4])
     problems, repairs = report.problems, report.repairs
     for key in set(lines) | set(by_key) | set(ledger):
         state = ledger.get(key)
         item_lines, item_files = lines.get(key, {}), by_key.get(key, {})
-        example = f"{IMAGES_DIR}/{key[:2]}/{key}-{min([*item_lines, *item_files], default=0)}.png"
+        ext = extension.get(key, image_format.DEFAULT)
+
+        def rel(index: int, key: str = key, ext: str = ext) -> str:
+            return image_relpath(key, index, ext)
+
+        example = rel(min([*item_lines, *item_files], default=0))
         if state is None or (state == "other" and (item_lines or item_files)):
             problems.add("unknown", example, len(set(item_lines) | set(item_files)))
             continue
@@ -392,11 +403,11 @@ def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport,
                 problems.add("repeated", f"{source}: {key}-{index}")
                 repairs.drop_line(source, position)
         if missing:  # made again whole: its lines go, the worker writes them anew
-            problems.add("no_image", f"{IMAGES_DIR}/{key[:2]}/{key}-{missing[0]}.png", len(missing))
+            problems.add("no_image", rel(missing[0]), len(missing))
             for index in range(count):  # every damage is listed; the remake writes these lines too
                 if item_files.get(index) and index not in item_lines:
-                    problems.add("no_line", f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png")
-            repairs.delete += [f"{IMAGES_DIR}/{key[:2]}/{key}-{i}.png" for i, ok in item_files.items() if not ok]
+                    problems.add("no_line", rel(index))
+            repairs.delete += [rel(i) for i, ok in item_files.items() if not ok]
             for places in item_lines.values():
                 for source, position in places[:1]:
                     repairs.drop_line(source, position)
@@ -407,21 +418,21 @@ def _check_bucket(store: Store, spill: Spill, bucket: str, report: VerifyReport,
                 if good is None:
                     repairs.unrepairable += 1
                 else:
-                    repairs.requeue[key] = (f"{IMAGES_DIR}/{key[:2]}/{key}-{good}.png", -1)
+                    repairs.requeue[key] = (rel(good), -1)
             continue
         report.images += count
         for index in range(count):
             if index not in item_lines:
-                problems.add("no_line", f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png")
-                repairs.lines_from_images.append(f"{IMAGES_DIR}/{key[:2]}/{key}-{index}.png")
+                problems.add("no_line", rel(index))
+                repairs.lines_from_images.append(rel(index))
 
 
 # -- repair -------------------------------------------------------------------------------
 def chunk_record(blob: bytes) -> dict[str, Any] | None:
-    """The metadata line an image was written with: its ``diffq`` PNG chunk."""
+    """The metadata line an image was written with, as the image carries it (any format)."""
     try:
         with Image.open(BytesIO(blob)) as image:
-            text = image.info.get("diffq")
+            text = image_format.params_text(image)
     except BROKEN_IMAGE:  # no line can be rebuilt from it: the caller queues its item again
         return None
     record = parse(text) if isinstance(text, str) else None

@@ -260,7 +260,8 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
 
 
 def images_under(output: Path) -> list[Path]:
-    return sorted(output.rglob("*.png"))
+    """Every image file under ``output``, whatever its format (common/image_format.py)."""
+    return sorted(p for p in output.rglob("*") if p.suffix in (".png", ".jpg", ".webp"))
 
 
 #: long enough per job (about 4 s on 2 CPU cores) that a signal lands mid-denoising

@@ -28,8 +28,8 @@ from worker.output.images import (
     ENVIRONMENT_ERRNOS,
     check_space,
     drop_temp_dir,
+    image_bytes,
     locked_metadata,
-    png_bytes,
     prepare_output,
     remove_stale_temps,
     temp_dir,
@@ -38,8 +38,9 @@ from worker.output.images import (
 )
 from worker.output.objects import drop_part, existing, part_bytes, prepare_store, put_all
 
-#: worst case bytes of one PNG (random noise barely compresses) plus its metadata line
-PNG_OVERHEAD = 8192
+#: beyond the raw pixels, the worst case bytes of one image file (random noise barely compresses
+#: as PNG) plus its metadata line
+FILE_OVERHEAD = 8192
 
 
 class Journal(Protocol):
@@ -96,17 +97,17 @@ class Folder:
     def make_room(self, rels: list[str], bytes_each: int) -> None:
         for rel in rels:
             remove_stale_temps(self.path / rel, temp_dir(self.path))
-        check_space(self.path, len(rels) * (bytes_each + PNG_OVERHEAD))
+        check_space(self.path, len(rels) * (bytes_each + FILE_OVERHEAD))
 
     def write_images(self, records: list[dict[str, Any]], images: list[Image.Image]) -> None:
-        """Temp file and rename, a thread per image: PNG encoding releases the GIL. A full or
+        """Temp file and rename, a thread per image: Pillow's encoders release the GIL. A full or
         read-only disk is the worker's problem, not the job's."""
 
         def save(pair: tuple[dict[str, Any], Image.Image]) -> None:
             record, image = pair
             path = self.path / record["file_name"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, png_bytes(image, record), temp_dir(self.path))
+            write_atomic(path, image_bytes(image, record), temp_dir(self.path))
 
         try:
             with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
@@ -155,7 +156,7 @@ class Bucket:
 
     def write_images(self, records: list[dict[str, Any]], images: list[Image.Image]) -> None:
         with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
-            blobs = list(pool.map(lambda pair: png_bytes(pair[1], pair[0]), zip(records, images, strict=True)))
+            blobs = list(pool.map(lambda pair: image_bytes(pair[1], pair[0]), zip(records, images, strict=True)))
         put_all(self.store, {r["file_name"]: blob for r, blob in zip(records, blobs, strict=True)})
 
     @contextmanager

@@ -1,7 +1,7 @@
 """Writing images and their metadata so that a crash never leaves a half-written file.
 
 An image is written to a temporary name in the output's ``.diffq-tmp`` folder, flushed, then
-renamed into place: readers see either nothing or the whole PNG. ``metadata.jsonl`` gets one line per image, appended
+renamed into place: readers see either nothing or the whole image. ``metadata.jsonl`` gets one line per image, appended
 under an exclusive ``flock`` so several workers on one machine (or one NFS export with lock
 support) never interleave lines, and an append that fails (a full disk) is cut back: the file
 never holds a partial line.
@@ -10,19 +10,17 @@ never holds a partial line.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from io import BytesIO
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from PIL import Image
-from PIL.PngImagePlugin import PngInfo
 
+from common import image_format
 from common.errors import OutputNotWritable, OutputRefused, OutputUnavailable
 from common.metadata_log import MetadataLog, open_locked
 from common.naming import METADATA_FILE
@@ -39,15 +37,10 @@ PROBE_BYTES = 64 << 10
 TEMP_DIR = ".diffq-tmp"
 
 
-def png_bytes(image: Image.Image, params: dict[str, Any]) -> bytes:
-    """Encode ``image`` as PNG with the prompt in a ``prompt`` text chunk and every parameter
-    as JSON in a ``diffq`` chunk (iTXt, so any Unicode survives)."""
-    info = PngInfo()
-    info.add_itxt("prompt", params.get("prompt", ""))
-    info.add_itxt("diffq", json.dumps(params, ensure_ascii=False, sort_keys=True))
-    buffer = BytesIO()
-    image.save(buffer, format="PNG", pnginfo=info, compress_level=1)
-    return buffer.getvalue()
+def image_bytes(image: Image.Image, params: dict[str, Any]) -> bytes:
+    """Encode ``image`` in the format its parameters name (PNG unless ``image_format`` says
+    otherwise), every parameter inside (see :mod:`common.image_format`)."""
+    return image_format.parse(params.get("image_format") or image_format.DEFAULT).encode(image, params)
 
 
 #: of those, what stops every job of this worker, not only this job's: the disk or the mount

@@ -98,7 +98,7 @@ class Plan:
 def _item_record(spec: JobSpec, item: PromptItem, key: str, index: int) -> dict[str, Any]:
     p = spec.params
     return {
-        "file_name": image_relpath(key, index),  # what Hugging Face imagefolder reads
+        "file_name": image_relpath(key, index, p.file_format.extension),  # what Hugging Face imagefolder reads
         "key": key,
         "index": index,
         "num_images": item.num_images,  # with the rest, what rebuilds the item's key (producer verify)
@@ -169,7 +169,8 @@ def perform(ctx: JobContext, spec: dict[str, Any]) -> dict[str, Any]:
     if plan.todo:
         # 3. Room for the images, before any GPU time is spent on them
         output.make_room(
-            [image_relpath(key, i) for key, _, i in plan.todo], chunk.params.width * chunk.params.height * 3
+            [image_relpath(key, i, chunk.params.file_format.extension) for key, _, i in plan.todo],
+            chunk.params.width * chunk.params.height * 3,
         )
         # 4. Generate
         batch = _generate(run)
@@ -245,11 +246,14 @@ def _count_attempt(job: Job | None) -> int:
 def _plan(conn: redis.Redis | None, queue_name: str, chunk: JobSpec, output: Destination) -> Plan:
     keys = [item_key(chunk.params, item) for item in chunk.items]
     states = conn.hmget(items_key(queue_name), keys) if conn is not None else [None] * len(keys)
-    rels = [image_relpath(key, i) for key, item in zip(keys, chunk.items, strict=True) for i in range(item.num_images)]
+    ext = chunk.params.file_format.extension
+    rels = [
+        image_relpath(key, i, ext) for key, item in zip(keys, chunk.items, strict=True) for i in range(item.num_images)
+    ]
     there = output.existing(rels)
     plan = Plan(keys=keys)
     for key, item, state in zip(keys, chunk.items, states, strict=True):
-        mine = [image_relpath(key, i) for i in range(item.num_images)]
+        mine = [image_relpath(key, i, ext) for i in range(item.num_images)]
         if is_done(state) and all(rel in there for rel in mine):
             plan.skipped += item.num_images
             continue

@@ -1,0 +1,26 @@
+# Few-step campaigns and FP8 through the queue on one GPU (issue 81), one call:
+#   light:<precision>:<format>  SDXL at the sdxl-lightning-4 recipe's settings (4 steps, no CFG,
+#                               euler trailing), jobs of CHUNK (16), 96 images; format png, jpeg, webp
+#   neg:<precision>             SDXL 30 steps, CFG 5, MLPerf's negative prompt on every row; fp16 in jobs
+#                               of 8 (64 images), fp8 in jobs of 16 (96 images)
+#   schnell:<precision>         the FLUX architecture at the flux-schnell recipe's settings (4 steps,
+#                               guidance 0), jobs of SCHNELL_CHUNK (4), 48 images; bf16 or fp8
+# Lines to $OUT/fewstep.jsonl (with the phase's median encode/denoise/decode/save, the job's host
+# time outside the pipeline and RQ's time between jobs); each phase's worker log beside it.
+#   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/fewstep_device.sh light:fp16:png light:fp16:jpeg
+source bench/device_setup.sh || exit 1
+export DIFFQ_CACHE=${DIFFQ_CACHE:-/tmp/diffq-cache} BENCH_COMMIT=${BENCH_COMMIT:-unknown}
+Q="python3 bench/e2e_queue.py --out $OUT/fewstep.jsonl --logs $OUT --gpu-counts 1 --timeout ${PHASE_S:-260}"
+LIGHT="--steps 4 --guidance 0 --sampler euler --timestep-spacing trailing"
+for phase in "$@"; do
+  echo "== $phase $(date +%T) (${SECONDS}s)"
+  IFS=: read -r what precision format <<< "$phase"
+  case $what in
+    light) $Q --tag "light-$precision-$format" $LIGHT --precision $precision --image-format ${format:-png} \
+      --chunk ${CHUNK:-16} --images-per-gpu ${LIGHT_IMAGES:-96} ;;
+    neg) chunk=$([ $precision = fp8 ] && echo 16 || echo 8); n=$([ $precision = fp8 ] && echo 96 || echo 64)
+      $Q --tag "neg-$precision" --negative-prompt mlperf --precision $precision --chunk $chunk --images-per-gpu $n ;;
+    schnell) $Q --tag "schnell-$precision" --model flux-random --steps 4 --guidance 0 --chunk ${SCHNELL_CHUNK:-4} \
+      --images-per-gpu 48 $([ $precision = fp8 ] && echo "--precision fp8") ;;
+  esac 2>&1 | tail -c 700
+done
