@@ -113,6 +113,26 @@ def test_gemms_accumulate_fast_up_to_the_measured_reduction_length_and_in_fp32_b
         assert seen[-1] is fast
 
 
+def test_a_transposed_input_reaches_the_gemm_row_major_as_cublaslt_requires(monkeypatch):
+    """cuBLASLt's FP8 GEMM takes its first operand row-major only ("Only multiplication of
+    row-major and column-major matrices is supported by cuBLASLt", every job of a no-CFG FP8
+    campaign on an H200): a layer given a transposed view hands the GEMM a row-major copy."""
+
+    def cublaslt_rule(a, b, scale_a, scale_b, bias, out_dtype, fast_accum):
+        if a.stride(-1) != 1 or b.stride(0) != 1:
+            raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
+        return fp8_gemm.reference(a, b, scale_a, scale_b, bias, out_dtype)
+
+    monkeypatch.setitem(fp8_gemm.BACKENDS, "cpu", cublaslt_rule)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32).requires_grad_(False)
+    layer = fp8.StaticFP8Linear.replacing(linear, input_amax=4.0)
+    x = torch.randn(1, 64, 40).transpose(1, 2)  # (1, 40, 64) rows read from a (C, HW) map
+    assert not x.reshape(-1, 64).is_contiguous()
+    got, want = layer(x), linear(x)
+    assert float((got - want).norm() / want.norm()) < 0.08
+
+
 def test_a_linear_writing_fp8_returns_its_output_in_the_models_dtype_saturated_not_nan():
     """``DIFFQ_FP8_ACTIVATIONS``: the GEMM writes FP8 at the calibrated output scale (folded into
     the input's scale and the bias); what overshoots saturates at the calibrated magnitude, and

@@ -184,7 +184,10 @@ class StaticFP8Linear(torch.nn.Linear):
             return torch.nn.functional.linear(x, self.weight, self.bias)
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
-        quantized = (rows * self.input_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        # row-major whatever the input's layout: cuBLASLt multiplies a row-major FP8 operand only,
+        # and a transposed view (a (C, HW) map read as (HW, C) rows at batch 1, or the layout the
+        # compiler picks for the cast's buffer) came here without CFG (H200, 2026-12-02)
+        quantized = (rows * self.input_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).contiguous()
         if self.granularity == "row":
             # row-wise scaling wants one scale per row of each operand, and bf16 out
             out = scaled_mm(
