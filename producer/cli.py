@@ -216,9 +216,11 @@ def _enqueue(file: Path, opts: dict[str, Any], say: bool = True) -> None:
             return
         # rows of equal settings share jobs, so each distinct setting rounds up on its own
         jobs = sum(-(-n // settings.chunk_size) for n in settings_seen.values())
+        models = sorted({params.model for params in settings_seen}) or [settings.model]  # a model column adds some
         click.echo(
             f"{file}: {rows} rows are valid; {jobs} job(s) of up to {settings.chunk_size} prompts of equal settings "
-            f"({len(settings_seen)} distinct) for model {settings.model!r}, fewer if some are done or repeated. "
+            f"({len(settings_seen)} distinct) for model {', '.join(repr(m) for m in models)}, fewer if some are done "
+            "or repeated. "
             "Dry run: nothing was enqueued."
         )
         return

@@ -18,20 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from common import adapter_stack
-from common.errors import InputFileError, InvalidJobSpec
+from common.errors import ConfigError, InputFileError, InvalidJobSpec
 from common.jobspec import PARAM_DEFAULTS, PARAMS, GenParams, PromptItem
 from common.naming import derived_seed
-from common.presets import adapter_path
+from common.presets import adapter_path, check_model, preset_default
 from common.recipes import contradictions, recipe, recognised
 
 #: a row's own columns (:class:`PromptItem`) and how each is read
 ITEM_COLUMNS: dict[str, type] = {"prompt": str, "negative_prompt": str, "seed": int, "num_images": int, "id": str}
-#: the generation parameters a row may set: all of :class:`GenParams` but the model (a flag's)
+#: the generation parameters a row may set beside its model: all of :class:`GenParams` but the model
 PARAM_COLUMNS: dict[str, type] = {name: p.kind for name, p in PARAMS.items() if name != "model"}
+#: a row's model (a preset, a folder, a .safetensors file or a hub id); empty: ``--model``'s
+MODEL_COLUMNS: dict[str, type] = {"model": str}
 #: a row's recipe (common/recipes.py): settings for the parameters its cells leave empty
 RECIPE_COLUMNS: dict[str, type] = {"recipe": str}
-COLUMNS = (*ITEM_COLUMNS, *PARAM_COLUMNS, *RECIPE_COLUMNS)
-_KINDS = {**ITEM_COLUMNS, **PARAM_COLUMNS, **RECIPE_COLUMNS}
+COLUMNS = (*ITEM_COLUMNS, *MODEL_COLUMNS, *PARAM_COLUMNS, *RECIPE_COLUMNS)
+_KINDS = {**ITEM_COLUMNS, **MODEL_COLUMNS, **PARAM_COLUMNS, **RECIPE_COLUMNS}
 INT_COLUMNS = {name for name, kind in _KINDS.items() if kind is int}
 FLOAT_COLUMNS = {name for name, kind in _KINDS.items() if kind is float}
 TEXT_COLUMNS = {name for name, kind in _KINDS.items() if kind is str}
@@ -121,17 +123,23 @@ def parse_row(line: int, raw: dict[str, Any], defaults: RowDefaults) -> Row:
         stack = _stack_text(stack, defaults.check_paths)
     named = values.get("recipe", defaults.recipe)
     settings = recipe(named).settings() if named else {}
+    model = values.get("model", defaults.model)
+    if model != defaults.model:
+        _check_model(model)
 
     def value(name: str) -> Any:
-        """A cell, else a flag given, else the recipe's, else the default (a preset's own)."""
+        """A cell, else a flag given, else the recipe's, else the default (the row's model
+        preset's own: a ``tiny`` row is 128² where an SDXL one is 1024²)."""
         if name in values:
             return values[name]
         if name in settings and name not in defaults.given:
             return settings[name]
+        if model != defaults.model and name not in defaults.given:
+            return preset_default(model, name, PARAM_DEFAULTS[name])
         return getattr(defaults, name)
 
     params = _params(
-        model=defaults.model,
+        model=model,
         adapter=adapter,
         adapters=stack,
         **{  # a parameter that needs an adapter keeps its default without one
@@ -179,6 +187,16 @@ def _kind(kind: type, value: Any) -> Any:
 def _params(**values: Any) -> GenParams:
     """Rows of a file mostly share their settings: build and validate each combination once."""
     return GenParams(**values).validate()
+
+
+@functools.lru_cache(maxsize=256)
+def _check_model(model: str) -> None:
+    """A model cell, checked as ``--model`` is (once per distinct cell): a typo is this row's
+    error, not every worker's failed job."""
+    try:
+        check_model(model)
+    except ConfigError as exc:
+        raise InvalidJobSpec(str(exc).replace("--model ", "model ", 1)) from None
 
 
 @functools.lru_cache(maxsize=1024)

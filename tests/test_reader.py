@@ -74,3 +74,20 @@ def test_missing_file_and_unknown_extension(tmp_path):
         check_file(tmp_path / "nope.csv", DEFAULTS)
     with pytest.raises(InputFileError, match="unknown file type"):
         check_file(write_csv(tmp_path / "p.txt", "prompt\nx\n"), DEFAULTS)
+
+
+def test_a_model_cell_picks_the_rows_model_with_its_presets_defaults_and_a_bad_one_is_the_rows_error(tmp_path):
+    """The ``model`` column: an empty cell is ``--model``'s; a cell's model gives the row that
+    preset's own defaults where no flag was given (tiny's 128², 8 steps beside SDXL's 1024²), a flag
+    given still wins, and a model that is none names its row, nothing else."""
+    rows = write_csv(tmp_path / "m.csv", "prompt,model,steps\na fox,,\na bird,tiny,\na cat,tiny,5\na dog,tinyy,\n")
+    sdxl = RowDefaults(model="sdxl-random", check_paths=False)
+    got = list(read_rows(rows, sdxl))
+    fox, bird, cat, dog = got
+    assert (fox.params.model, fox.params.width, fox.params.steps) == ("sdxl-random", 1024, 30)
+    assert (bird.params.model, bird.params.width, bird.params.height, bird.params.steps) == ("tiny", 128, 128, 8)
+    assert (cat.params.model, cat.params.steps) == ("tiny", 5)  # the cell wins over the preset
+    assert isinstance(dog, RowError) and dog.line == 5
+    assert "model 'tinyy' is neither a preset (did you mean 'tiny'?)" in dog.message, dog.message
+    flagged = RowDefaults(model="sdxl-random", width=256, check_paths=False, given=frozenset({"width"}))
+    assert next(r for r in read_rows(rows, flagged) if r.line == 3).params.width == 256  # a flag given wins
