@@ -236,13 +236,17 @@ def export_samples(merged: Path, options: ExportOptions) -> Iterator[list[dict[s
             yield from ([record] for record in chosen)
 
 
-def count_samples(merged: Path, options: ExportOptions) -> tuple[int, int]:
-    """(samples, images) in the merged file, one cheap pass (for the progress bar's total)."""
+def count_samples(merged: Path, options: ExportOptions) -> tuple[int, int, set[str]]:
+    """(samples, images, score names) in the merged file, one cheap pass (for the progress bar's
+    total, and the score columns every shard then carries, whichever images it holds)."""
     n_samples = n_images = 0
+    names: set[str] = set()
     for sample in export_samples(merged, options):
         n_samples += 1
         n_images += len(sample)
-    return n_samples, n_images
+        for record in sample:
+            names.update(record.get("scores") or ())
+    return n_samples, n_images, names
 
 
 # -- 3. write ------------------------------------------------------------------------------
@@ -334,7 +338,7 @@ def export(
                 f"source {source.location!r} has no metadata ({METADATA_FILE} or {METADATA_PARTS_DIR}/*.jsonl): "
                 "is it a diffq output?"
             )
-        report.samples, report.images = count_samples(merged, options)
+        report.samples, report.images, scores = count_samples(merged, options)
         report.shards = -(-report.samples // options.shard_size)
         report.pattern = pattern(dest, options, report.shards)
         export_id = _digest_file(merged, options)
@@ -352,7 +356,7 @@ def export(
             dest.delete(MANIFEST)  # from here on, an unfinished export
         if on_start:
             on_start(report.samples)
-        writer = ShardWriter(options.format, grouped=bool(options.group_by), pairs=options.pairs)
+        writer = ShardWriter(options.format, grouped=bool(options.group_by), pairs=options.pairs, scores=scores)
         shard: list[list[dict[str, Any]]] = []
         index = 0
         for sample in export_samples(merged, options):

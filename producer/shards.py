@@ -20,7 +20,7 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,22 +45,31 @@ COLUMNS: dict[str, str] = {
     "created": "timestamp[ms]",  # UTC, naive; Parquet has no seconds unit (an imagefolder reads timestamp[s])
 }
 
-#: a ``--group-by prompt`` row: ``group``, ``prompt`` and ``images``, then each of these as a
-#: list in the order of ``images`` (the same names as one image's columns)
-PER_IMAGE = [c for c in COLUMNS if c != "prompt"]
 
 Batch = Iterator[tuple[list[dict[str, Any]], list[bytes | None]]]
 
 
-def columns(record: dict[str, Any]) -> dict[str, Any]:
+#: an image's reward score ``name`` (``--score``) is the column ``score_<name>``
+SCORE_PREFIX = "score_"
+
+
+def score_columns(names: Iterable[str]) -> dict[str, str]:
+    """The columns of the scores an export's images carry, in name order (float64 each)."""
+    return {f"{SCORE_PREFIX}{name}": "float64" for name in sorted(names)}
+
+
+def columns(record: dict[str, Any], kinds: dict[str, str] = COLUMNS) -> dict[str, Any]:
     """The exported columns of one image, the same values in every format. No nulls: ``datasets``
     infers a column's type from its values (an imagefolder's ``metadata.jsonl``, a WebDataset's
     JSON), and a column that is null in every row would be typed null. No adapter is ``""`` at
-    scale ``0.0`` (no effect), no id is ``""``."""
-    out = {name: record.get(name) for name in COLUMNS}
+    scale ``0.0`` (no effect), no id is ``""``. A score column (``kinds`` beyond
+    :data:`COLUMNS`) is null only for an image made while its scorer was paused: the column
+    exists because other images have it, so its type is still a float."""
+    scores = record.get("scores") or {}
+    out = {name: scores.get(name[len(SCORE_PREFIX) :]) if name not in COLUMNS else record.get(name) for name in kinds}
     if out.get("adapter") is None:
         out["adapter"], out["adapter_scale"] = "", 0.0
-    for name, kind in COLUMNS.items():
+    for name, kind in kinds.items():
         if out.get(name) is None and kind == "string":
             out[name] = ""
     return out
@@ -80,11 +89,14 @@ def sample_key(record: dict[str, Any]) -> str:
 
 
 class ShardWriter:
-    def __init__(self, format: str, grouped: bool, pairs: bool = False) -> None:
+    def __init__(self, format: str, grouped: bool, pairs: bool = False, scores: Iterable[str] = ()) -> None:
         if format not in FORMATS:
             raise ConfigError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
         self.format = format
         self.grouped = grouped
+        #: every column an image carries here: :data:`COLUMNS` and a ``score_<name>`` per score
+        self.kinds = COLUMNS | score_columns(scores)
+        self.per_image = [c for c in self.kinds if c != "prompt"]
         #: each sample a ranked pair (producer/pairs.py), one Parquet row in Pick-a-Pic's layout
         self.pairs = pairs
 
@@ -108,14 +120,14 @@ class ShardWriter:
                     record, blob = present[0]
                     key = sample_key(record)
                     _add(tar, f"{key}.{_ext(record)}", blob)
-                    _add(tar, f"{key}.json", _json(columns(record)))
+                    _add(tar, f"{key}.json", _json(columns(record, self.kinds)))
                     continue
                 first = present[0][0]
                 key = f"g{_group(first)}"
                 images = []
                 for i, (record, blob) in enumerate(present):
                     _add(tar, f"{key}.{i}.{_ext(record)}", blob)
-                    images.append({"file": f"{i}.{_ext(record)}", **columns(record)})
+                    images.append({"file": f"{i}.{_ext(record)}", **columns(record, self.kinds)})
                 _add(tar, f"{key}.json", _json({"prompt": first.get("prompt"), "images": images}))
         dest.put_file(f"{name}.tar", tmp)
 
@@ -126,7 +138,8 @@ class ShardWriter:
             import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError("--format parquet needs pyarrow: pip install 'diffq[parquet]'") from None
-        schema = _pairs_schema(pa) if self.pairs else _schema(pa, self.grouped)
+        kinds = self.kinds
+        schema = _pairs_schema(pa, kinds) if self.pairs else _schema(pa, self.grouped, kinds)
         tmp = folder / f"{name}.parquet"
         pending: list[dict[str, Any]] = []
         size = 0
@@ -138,20 +151,20 @@ class ShardWriter:
                 if self.pairs:
                     if len(present) < 2:
                         continue  # an image of the pair is gone: no pair (the report lists it missing)
-                    rows = [_pair_row(present)]
+                    rows = [_pair_row(present, self.kinds)]
                 elif self.grouped:
                     row: dict[str, Any] = {
                         "group": _group(present[0][0]),
                         "prompt": present[0][0].get("prompt"),
                         "images": [{"bytes": b, "path": f"{sample_key(r)}.{_ext(r)}"} for r, b in present],
                     }
-                    values = [_parquet(columns(r)) for r, _ in present]
-                    for column in PER_IMAGE:
+                    values = [_parquet(columns(r, self.kinds)) for r, _ in present]
+                    for column in self.per_image:
                         row[column] = [v[column] for v in values]
                     rows = [row]
                 else:
                     rows = [
-                        {"image": {"bytes": b, "path": f"{sample_key(r)}.{_ext(r)}"}, **_parquet(columns(r))}
+                        {"image": {"bytes": b, "path": f"{sample_key(r)}.{_ext(r)}"}, **_parquet(columns(r, kinds))}
                         for r, b in present
                     ]
                 pending += rows
@@ -172,7 +185,7 @@ class ShardWriter:
                     continue
                 file_name = f"{sample_key(record)}.{_ext(record)}"
                 dest.put(f"{name}/{file_name}", blob)
-                lines.append(_json({"file_name": file_name, **columns(record)}) + b"\n")
+                lines.append(_json({"file_name": file_name, **columns(record, self.kinds)}) + b"\n")
         dest.put(f"{name}/metadata.jsonl", b"".join(lines))
 
 
@@ -181,30 +194,31 @@ def _ext(record: dict[str, Any]) -> str:
     return str(record.get("file_name", "")).rpartition(".")[2] or "png"
 
 
-def _schema(pa: Any, grouped: bool) -> Any:
+def _schema(pa: Any, grouped: bool, kinds: dict[str, str]) -> Any:
     types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
              "timestamp[ms]": pa.timestamp("ms")}  # fmt: skip
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     if grouped:
         fields = [("group", pa.string()), ("prompt", pa.string()), ("images", pa.list_(image))]
-        fields += [(c, pa.list_(types[COLUMNS[c]])) for c in PER_IMAGE]
+        per_image = [c for c in kinds if c != "prompt"]
+        fields += [(c, pa.list_(types[kinds[c]])) for c in per_image]
         features: dict[str, Any] = {
             "group": {"dtype": "string", "_type": "Value"},
             "prompt": {"dtype": "string", "_type": "Value"},
             "images": {"feature": {"_type": "Image"}, "_type": "List"},
         }
-        for c in PER_IMAGE:
-            features[c] = {"feature": {"dtype": COLUMNS[c], "_type": "Value"}, "_type": "List"}
+        for c in per_image:
+            features[c] = {"feature": {"dtype": kinds[c], "_type": "Value"}, "_type": "List"}
     else:
-        fields = [("image", image)] + [(c, types[t]) for c, t in COLUMNS.items()]
+        fields = [("image", image)] + [(c, types[t]) for c, t in kinds.items()]
         features = {"image": {"_type": "Image"}}
-        features |= {c: {"dtype": t, "_type": "Value"} for c, t in COLUMNS.items()}
+        features |= {c: {"dtype": t, "_type": "Value"} for c, t in kinds.items()}
     # what datasets reads to know that the struct is an image (datasets.Features.from_arrow_schema)
     metadata = {"huggingface": json.dumps({"info": {"features": features}})}
     return pa.schema(fields, metadata=metadata)
 
 
-def _pair_row(present: list[tuple[dict[str, Any], bytes]]) -> dict[str, Any]:
+def _pair_row(present: list[tuple[dict[str, Any], bytes]], kinds: dict[str, str]) -> dict[str, Any]:
     """A pair as Pick-a-Pic lays one out: the caption, both images, their labels and scores, and
     every column of each image with ``_0`` or ``_1``."""
     (first, a), (second, b) = present
@@ -218,17 +232,17 @@ def _pair_row(present: list[tuple[dict[str, Any], bytes]]) -> dict[str, Any]:
         "score_1": second["_score"],
     }
     for i, record in enumerate((first, second)):
-        for column, value in _parquet(columns(record)).items():
+        for column, value in _parquet(columns(record, kinds)).items():
             row[f"{column}_{i}"] = value
     return row
 
 
-def _pairs_schema(pa: Any) -> Any:
+def _pairs_schema(pa: Any, columns: dict[str, str]) -> Any:
     types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
              "timestamp[ms]": pa.timestamp("ms")}  # fmt: skip
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     kinds = {"caption": "string"} | dict.fromkeys(("label_0", "label_1", "score_0", "score_1"), "float64")
-    kinds |= {f"{c}_{i}": t for i in (0, 1) for c, t in COLUMNS.items()}
+    kinds |= {f"{c}_{i}": t for i in (0, 1) for c, t in columns.items()}
     fields = [("caption", pa.string()), ("image_0", image), ("image_1", image)]
     fields += [(name, types[kind]) for name, kind in kinds.items() if name != "caption"]
     features: dict[str, Any] = {name: {"dtype": kind, "_type": "Value"} for name, kind in kinds.items()}

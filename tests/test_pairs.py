@@ -95,3 +95,33 @@ def test_pairs_need_a_score_and_parquet(env, tmp_path):
     ]:
         done = producer("export", str(out), "--to", str(tmp_path / "x"), *args)
         assert done.exit_code != 0 and said in done.output and "Traceback" not in done.output, done.output
+
+
+@pytest.mark.parametrize("shape", ["parquet", "imagefolder", "webdataset"])
+def test_every_export_of_a_scored_output_carries_each_score_as_a_column(env, tmp_path, shape):
+    """Not only pairs: each image's scores are columns ``score_<name>`` in every format, typed a
+    float, null for an image whose scorer was paused (it has no score)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    records = scored_output(out)
+    del records[0]["scores"]  # made while its scorer could not load
+    (out / "metadata.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    to = tmp_path / shape
+    done = producer("export", str(out), "--to", str(to), "--format", shape)
+    assert done.exit_code == 0, done.output
+    want = {r["seed"]: (r.get("scores") or {}) for r in records}
+    if shape == "webdataset":
+        import tarfile
+
+        rows = []
+        for shard in sorted(to.glob("*.tar")):
+            with tarfile.open(shard) as tar:
+                rows += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
+    elif shape == "parquet":
+        rows = list(datasets.load_dataset("parquet", data_files=str(to / "*.parquet"), split="train"))
+    else:
+        rows = list(datasets.load_dataset("imagefolder", data_dir=str(to), split="train"))
+    assert len(rows) == len(records)
+    for row in rows:
+        assert row["score_aesthetic"] == want[row["seed"]].get("aesthetic")
+        assert row["score_clip"] == want[row["seed"]].get("clip")
