@@ -55,8 +55,17 @@ class QueueCollector(Collector):
         made = GaugeMetricFamily(
             "diffq_images_made", "Images written, by who made them (worker, group)", labels=["queue", "by"]
         )
+        scored = GaugeMetricFamily(
+            "diffq_images_scored", "Images with a reward score (--score), by scorer", labels=["queue", "score"]
+        )
+        score_mean = GaugeMetricFamily("diffq_score_mean", "Mean reward score so far", labels=["queue", "score"])
+        score_sd = GaugeMetricFamily("diffq_score_sd", "Spread (sd) of the reward score", labels=["queue", "score"])
         for name in names:
             st = collect(self.conn, name, stale_after_s=self.ttl)
+            for score, summary in sorted(st.scores.items()):  # what producer status prints as "score"
+                scored.add_metric([name, score], summary["n"])
+                score_mean.add_metric([name, score], summary["mean"])
+                score_sd.add_metric([name, score], summary["sd"])
             counts = {
                 "queued": st.queued, "starting": st.starting, "running": st.running, "retrying": st.scheduled,
                 "lost": st.lost, "finished": st.finished, "failed": st.failed, "cancelled": st.cancelled,
@@ -75,6 +84,7 @@ class QueueCollector(Collector):
             for by in (MADE_BY_WORKER, MADE_BY_GROUP):
                 made.add_metric([name, by], st.made_by.get(by, 0))
         yield from (jobs, enqueued, written, missing, rate, workers, paused, complete, for_groups, groups, made)
+        yield from (scored, score_mean, score_sd)
 
 
 def _gauge(name: str, text: str) -> GaugeMetricFamily:

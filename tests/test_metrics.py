@@ -30,6 +30,25 @@ def test_queue_metrics_are_what_producer_status_says(env, conn, tmp_path):
     assert status["jobs"]["queued"] == 3 and status["images"]["enqueued"] == 6
 
 
+def test_scores_are_series_with_the_mean_and_spread_producer_status_gives(env, conn, tmp_path):
+    """The sums a worker keeps for each scorer (as worker/serving/task.py writes them) become
+    ``diffq_images_scored``, ``diffq_score_mean`` and ``diffq_score_sd`` by queue and score."""
+    from common.queues import scores_key
+
+    rows = tmp_path / "p.csv"
+    rows.write_text("prompt\na b\n", encoding="utf-8")
+    assert producer("enqueue", rows, *TINY_FLAGS, "--output", tmp_path / "out").exit_code == 0
+    for value in (1.0, 2.0, 6.0):
+        for part, amount in (("n", 1), ("sum", value), ("sumsq", value * value)):
+            conn.hincrbyfloat(scores_key("diffq"), f"clip:{part}", amount)
+    text = generate_latest(registry_for(conn, ttl=30)).decode()
+    said = json.loads(producer("status", "--json").output)["scores"]["clip"]
+    assert said["n"] == 3 and abs(said["mean"] - 3.0) < 1e-9
+    assert 'diffq_images_scored{queue="diffq",score="clip"} 3.0' in text
+    assert 'diffq_score_mean{queue="diffq",score="clip"} 3.0' in text
+    assert f'diffq_score_sd{{queue="diffq",score="clip"}} {float(said["sd"])!r}' in text, text
+
+
 def _query(port: int, expr: str) -> float | None:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
