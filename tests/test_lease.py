@@ -12,7 +12,7 @@ from conftest import RedisServer, free_port, start_worker, wait_for
 from rq import Worker
 
 from common.errors import ConfigError
-from worker.serving.rqworker import EXIT_LEASE_LOST
+from worker.serving.signals import EXIT_LEASE_LOST
 from worker.supervision.lease import LEASE_TTL_S, GpuLease, candidates, lease_key
 
 pytestmark = pytest.mark.slow  # real worker processes through faults and timeouts

@@ -214,7 +214,7 @@ def test_the_hard_exit_timer_keeps_a_margin_inside_the_promise():
     """Finding 7: the cold-exit timer was the promise itself (1.5 s), and two of seven exits were
     measured at 1.538 s. The timer now fires a third of the promise early, and README states the
     promise this test holds the timer to."""
-    from worker.serving.rqworker import COLD_EXIT_PROMISE_S, COLD_EXIT_S
+    from worker.serving.signals import COLD_EXIT_PROMISE_S, COLD_EXIT_S
 
     assert COLD_EXIT_S <= COLD_EXIT_PROMISE_S * 2 / 3
     assert f"within {COLD_EXIT_PROMISE_S:g} s, even with Redis down" in " ".join(

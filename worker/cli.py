@@ -190,8 +190,9 @@ def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
 def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     # torch and diffusers are imported here, after the launcher has set CUDA_VISIBLE_DEVICES
     from worker.pipelines.warm import WarmPipelines
-    from worker.serving.rqworker import EXIT_LEASE_LOST, DiffqWorker
+    from worker.serving.rqworker import DiffqWorker
     from worker.serving.runtime import Runtime, worker_name
+    from worker.serving.signals import EXIT_LEASE_LOST
 
     pipelines = WarmPipelines.from_settings(settings)
     if settings.gpu_label == "-":

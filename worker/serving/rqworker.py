@@ -58,29 +58,18 @@ from worker.serving.overlap import Pending, Writer
 from worker.serving.pause import Pause
 from worker.serving.recovery import give_back, maintain, requeue_abandoned, unfinished_elsewhere
 from worker.serving.runtime import Runtime
-from worker.serving.signals import SignalWatcher
+from worker.serving.signals import COLD_EXIT_S, EXIT_COLD, EXIT_REDIS_GONE, SignalWatcher
 from worker.serving.states import Running, State, States
 from worker.serving.task import JobLost, JobStopped
 from worker.supervision.lease import GpuLease
 
 log = logging.getLogger("diffq.worker")
 
-#: exit status after a cold (second-signal) stop
-EXIT_COLD = 1
-#: exit status when this worker's GPU lease was taken by another (the supervisor restarts it)
-EXIT_LEASE_LOST = 3
-#: exit status of a stop that Redis did not answer: the running job comes back by its heartbeat
-EXIT_REDIS_GONE = 75  # EX_TEMPFAIL
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
 DEFAULT_HEARTBEAT_TTL_S = 30
 #: longest wait after giving back a job this worker does not take
 GIVE_BACK_MAX_WAIT_S = 30.0
-#: the promise (README): after the second signal the process is gone within this many seconds
-COLD_EXIT_PROMISE_S = 1.5
-#: the hard-exit timer: a third of the promise kept back for a loaded machine's scheduling (the
-#: timer itself was 1.5 s once, and exits were measured at 1.538 s)
-COLD_EXIT_S = 1.0
 
 
 class DiffqWorker(SimpleWorker):

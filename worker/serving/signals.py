@@ -27,6 +27,18 @@ from types import FrameType
 
 log = logging.getLogger("diffq.worker")
 
+#: exit status after a cold (second-signal) stop
+EXIT_COLD = 1
+#: exit status when this worker's GPU lease was taken by another (the supervisor restarts it)
+EXIT_LEASE_LOST = 3
+#: exit status of a stop that Redis did not answer: the running job comes back by its heartbeat
+EXIT_REDIS_GONE = 75  # EX_TEMPFAIL
+#: the promise (README): after the second signal the process is gone within this many seconds
+COLD_EXIT_PROMISE_S = 1.5
+#: the hard-exit timer: a third of the promise kept back for a loaded machine's scheduling (the
+#: timer itself was 1.5 s once, and exits were measured at 1.538 s)
+COLD_EXIT_S = 1.0
+
 #: the signals that stop a worker: Ctrl-C, SIGTERM (compose, Slurm, a launcher) and SIGHUP (its
 #: terminal closed, an ssh session dropped), each a warm stop first
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
