@@ -150,6 +150,10 @@ class WarmPipelines:
         }
         return cls(**(options | overrides))
 
+    def held_models(self) -> set[str]:
+        """The models warm now: the worker prefers queued jobs of these (worker/serving/affinity.py)."""
+        return {model for model, _, _ in self._loaded}
+
     def get(self, model: str, on_progress: Callable[[str | None], None] | None = None) -> tuple[LoadedPipeline, float]:
         """The warm pipeline for ``model`` and the seconds this call spent loading it (0 when warm).
         ``on_progress`` hears what the load is doing ("downloading model: … (37%)"), then None."""

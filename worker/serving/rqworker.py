@@ -51,6 +51,7 @@ from common.storage import is_url
 from worker.output.images import probe_output
 from worker.output.objects import probe_store
 from worker.serving import context
+from worker.serving.affinity import put_held_first
 from worker.serving.context import JobContext, Tail
 from worker.serving.failures import classify, record_failure
 from worker.serving.keeper import Keeper
@@ -548,6 +549,7 @@ class DiffqWorker(SimpleWorker):
             self._waiting = False
 
     def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> Any:
+        put_held_first(self.connection, self.queues, self.runtime)  # worker/serving/affinity.py
         if self._pending is not None:
             if not (self._stop_requested or self.paused or self._give_backs):
                 result = super().dequeue_job_and_maintain_ttl(None)  # a job waiting: take it now
@@ -560,6 +562,7 @@ class DiffqWorker(SimpleWorker):
                 return None
             if self._give_backs and not self._after_give_back(burst=timeout is None):
                 return None
+            put_held_first(self.connection, self.queues, self.runtime)
             if timeout is not None:
                 # wait for a job in slices, with idle() between them
                 result = super().dequeue_job_and_maintain_ttl(self.idle_every_s, self.idle_every_s)
