@@ -4,8 +4,9 @@ Pages, all behind the dashboard's basic auth, on 127.0.0.1 unless ``--bind`` say
 
 - ``/``: the prompts, each with its images as thumbnails and each image's parameters and scores
   (its title), 20 prompts a page (``?page=2``); ``?where=aesthetic > 5.5`` keeps the images
-  whose score or column compares so (``producer export --where``), ``?by=clip`` orders each
-  prompt's images best first;
+  whose score or column compares so (``producer export --where``), ``?model=...``,
+  ``?sampler=...``, ``?adapter=...`` and ``?image_format=...`` keep the images made so,
+  ``?by=clip`` orders each prompt's images best first;
 - ``/pairs?by=aesthetic&margin=0.5``: the ranked pairs ``producer export --pairs`` would write,
   side by side, the preferred image first;
 - ``/image/<file_name>``: an image the metadata lists (nothing else under the folder is served).
@@ -66,10 +67,17 @@ class Gallery:
             return None
         return path.read_bytes()
 
-    def groups(self, where: Where | None, by: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
+    def groups(
+        self, where: Where | None, by: str | None, equal: dict[str, str] | None = None
+    ) -> list[tuple[str, list[dict[str, Any]]]]:
         chosen = []
+        equal = equal or {}
         for prompt in sorted(self.prompts):
-            images = [r for r in self.prompts[prompt] if where is None or where.holds(r)]
+            images = [
+                r
+                for r in self.prompts[prompt]
+                if (where is None or where.holds(r)) and all(str(r.get(k) or "") == v for k, v in equal.items())
+            ]
             if by:
                 images.sort(key=lambda r: (-(value_of(r, by) or float("-inf")), r["file_name"]))
             if images:
@@ -88,7 +96,7 @@ def _figure(record: dict[str, Any], note: str = "") -> str:
     src = "/image/" + html.escape(record["file_name"], quote=True)
     title = html.escape(_title(record), quote=True)
     scores = " ".join(f"{k} {v:.3g}" for k, v in sorted((record.get("scores") or {}).items()))
-    caption = html.escape(f"{note}seed {record.get('seed')} {scores}".strip())
+    caption = html.escape(f"{note}{record.get('model')} · seed {record.get('seed')} {scores}".strip())
     image = f'<a href="{src}"><img src="{src}" title="{title}" loading="lazy"></a>'
     return f"<figure>{image}<figcaption>{caption}</figcaption></figure>"
 
@@ -105,14 +113,22 @@ def _page(title: str, body: str) -> bytes:
     return f"{head}<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>".encode()
 
 
+#: the text columns a page filters on by equality (``?model=tiny&sampler=euler``)
+EQUAL_FILTERS = ("model", "sampler", "adapter", "image_format")
+
+
 def index(gallery: Gallery, query: dict[str, str]) -> bytes:
     where = Where.parse(query["where"]) if query.get("where") else None
     by = query.get("by") or None
-    groups = gallery.groups(where, by)
+    equal = {k: query[k] for k in EQUAL_FILTERS if query.get(k)}
+    groups = gallery.groups(where, by, equal)
     page = max(1, int(query.get("page", "1") or 1))
     shown = groups[(page - 1) * PROMPTS_A_PAGE : page * PROMPTS_A_PAGE]
     images = sum(len(images) for _, images in groups)
-    body = [f"<p>{len(groups)} prompt(s), {images} image(s)" + (f" where {html.escape(str(where))}" if where else "")]
+    said = [str(where)] if where else []
+    said += [f"{k} = {v}" for k, v in equal.items()]
+    condition = f" where {html.escape(' and '.join(said))}" if said else ""
+    body = [f"<p>{len(groups)} prompt(s), {images} image(s){condition}"]
     body.append(f" · page {page} of {max(1, -(-len(groups) // PROMPTS_A_PAGE))}</p>")
     for prompt, records in shown:
         figures = "".join(_figure(r) for r in records)

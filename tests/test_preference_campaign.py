@@ -67,6 +67,8 @@ def test_two_models_four_images_two_scorers_pairs_and_a_gallery(env, conn, tmp_p
         narrowed = html.unescape(rendered(authed + f"/?where=aesthetic%20%3E%20{median}", tmp_path))
         kept = sum(r["scores"]["aesthetic"] > median for r in lines)
         assert 0 < kept < 24 and f" prompt(s), {kept} image(s) where aesthetic > " in narrowed, narrowed[:300]
+        one = html.unescape(rendered(authed + "/?model=tiny-pixart&by=clip", tmp_path))
+        assert "3 prompt(s), 12 image(s) where model = tiny-pixart" in one and " tiny · seed" not in one
         shot = tmp_path / "gallery.png"
         subprocess.run(
             ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
