@@ -61,16 +61,17 @@ def prefer_held(conn: redis.Redis, queue_keys: Iterable[str], held: set[str], pe
     if not held:
         return None
     for queue_key in queue_keys:
-        ids = conn.lrange(queue_key, 0, peek - 1)
-        if not ids:
+        front = conn.lindex(queue_key, 0)
+        if front is None:
             continue
+        if job_model(conn.hget(Job.key_for(front.decode()), "data")) in held:
+            return None  # the common case, a campaign of one model: two round trips, nothing more
+        ids = conn.lrange(queue_key, 1, peek - 1)
         with conn.pipeline(transaction=False) as pipe:
             for raw in ids:
                 pipe.hget(Job.key_for(raw.decode()), "data")
             models = [job_model(data) for data in pipe.execute()]
-        if models[0] in held:
-            return None
-        for raw, model in zip(ids[1:], models[1:], strict=True):
+        for raw, model in zip(ids, models, strict=True):
             if model in held:
                 return raw.decode() if conn.eval(_TO_FRONT, 1, queue_key, raw) else None
         return None  # this queue's front is another model's, and so is all we looked at
