@@ -53,6 +53,11 @@ class ImageFormat:
         return {"png": "png", "jpeg": "jpg", "webp": "webp"}[self.name]
 
     @property
+    def media_type(self) -> str:
+        """What an HTTP server sends the file as (the gallery)."""
+        return f"image/{self.name}"
+
+    @property
     def spec(self) -> str:
         """As ``--image-format`` takes it (and the metadata records it)."""
         if self.name == "png":

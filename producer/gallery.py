@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+from common import image_format
 from common.errors import ConfigError
 from common.naming import METADATA_FILE
 from producer.pairs import Where, pairs, value_of
@@ -157,10 +158,6 @@ def pairs_page(gallery: Gallery, query: dict[str, str]) -> bytes:
     return _page(f"diffq pairs: {gallery.folder.name}", "".join(body))
 
 
-#: what each image format's files are served as
-MEDIA_TYPES = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp"}
-
-
 def handler(gallery: Gallery, username: str, password: str) -> type[BaseHTTPRequestHandler]:
     expected = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
@@ -187,7 +184,8 @@ def handler(gallery: Gallery, username: str, password: str) -> type[BaseHTTPRequ
                     if data is None:
                         self.send_error(HTTPStatus.NOT_FOUND, "no such image in this output's metadata")
                         return
-                    self._send(data, MEDIA_TYPES.get(name.rpartition(".")[2], "application/octet-stream"))
+                    fmt = image_format.of_file(name)
+                    self._send(data, fmt.media_type if fmt else "application/octet-stream")
                 else:
                     self.send_error(HTTPStatus.NOT_FOUND)
             except (ConfigError, ValueError) as exc:

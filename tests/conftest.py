@@ -261,7 +261,9 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
 
 def images_under(output: Path) -> list[Path]:
     """Every image file under ``output``, whatever its format (common/image_format.py)."""
-    return sorted(p for p in output.rglob("*") if p.suffix in (".png", ".jpg", ".webp"))
+    from common.image_format import of_file
+
+    return sorted(p for p in output.rglob("*") if p.is_file() and of_file(p.name) is not None)
 
 
 #: long enough per job (about 4 s on 2 CPU cores) that a signal lands mid-denoising
