@@ -38,7 +38,7 @@ import redis
 
 from common.lanes import MADE_BY_WORKER, campaign_of, lanes, made_by_key
 from common.naming import output_id
-from common.queues import RECENT_WINDOW_S, enqueued_key, images_key, intents_key, items_key, recent_key
+from common.queues import RECENT_WINDOW_S, by_model_key, enqueued_key, images_key, intents_key, items_key, recent_key
 from common.rq_keys import canceled_registry_key, failed_registry_key, queue_key, rq_names, started_registry_key
 
 DONE = "done"
@@ -63,10 +63,10 @@ REDO_PREFIX = "r:"
 MAKE, REMAKE_IMAGES, REMAKE_ALL = 0, 1, 2
 
 #: KEYS: items, queue (the lane the job goes to), job hash, rq:queues, images-enqueued counter,
-#: images-written counter, then the failed and canceled registries of both of the campaign's lanes
-#: (a job queued again under its old id leaves them, whichever lane it was in).
+#: images-written counter, images by model, then the failed and canceled registries of both of
+#: the campaign's lanes (a job queued again under its old id leaves them, whichever lane it was in).
 #: ARGV: job id, n, RQ's job key prefix, RQ's ended statuses (comma-separated; see
-#: :mod:`common.rq_keys`), n item keys, n redo flags, n image counts, job fields... A redo flag
+#: :mod:`common.rq_keys`), the job's model, n item keys, n redo flags, n image counts, job fields... A redo flag
 #: is '0' (make it if it is not done), '1' (done, its images are missing, its lines are there)
 #: or '2' (done, its images and lines are missing). An item whose job has any status but an
 #: ended one (statuses RQ adds later included) is taken.
@@ -79,7 +79,8 @@ local n = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local ended = {}
 for status in string.gmatch(ARGV[4], '[^,]+') do ended[status] = true end
-local first = 4
+local model = ARGV[5]
+local first = 5
 local taken = {}
 for i = 1, n do
   local key = ARGV[first + i]
@@ -101,7 +102,7 @@ if #taken > 0 then return taken end
 local status = redis.call('HGET', KEYS[3], 'status')
 if status and not ended[status] then return {'*job'} end
 redis.call('DEL', KEYS[3])
-for k = 7, #KEYS do redis.call('ZREM', KEYS[k], ARGV[1]) end
+for k = 8, #KEYS do redis.call('ZREM', KEYS[k], ARGV[1]) end
 local images = 0
 local uncounted = 0
 for i = 1, n do
@@ -120,8 +121,14 @@ for i = 1, n do
   end
   redis.call('HSET', KEYS[1], key, value)
 end
-if images > 0 then redis.call('INCRBY', KEYS[5], images) end
-if uncounted > 0 then redis.call('DECRBY', KEYS[6], uncounted) end
+if images > 0 then
+  redis.call('INCRBY', KEYS[5], images)
+  redis.call('HINCRBY', KEYS[7], model .. ':enqueued', images)
+end
+if uncounted > 0 then
+  redis.call('DECRBY', KEYS[6], uncounted)
+  redis.call('HINCRBY', KEYS[7], model .. ':written', -uncounted)
+end
 redis.call('HSET', KEYS[3], unpack(ARGV, first + 1 + 3 * n))
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[4], KEYS[2])
@@ -143,14 +150,14 @@ end
 return out
 """
 
-#: KEYS: started registry, items, intents, images counter, recent, made-by. ARGV: execution
-#: member, now, window start, recent member, the done state (``done:<output id>``), who made them
-#: (``worker`` or ``group``), then (item key, images) pairs. Returns -1 if the execution is no
+#: KEYS: started registry, items, intents, images counter, recent, made-by, images by model.
+#: ARGV: execution member, now, window start, recent member, the done state (``done:<output
+#: id>``), who made them (``worker`` or ``group``), the job's model, then (item key, images) pairs. Returns -1 if the execution is no
 #: longer this worker's, else the number of images newly counted.
 COMMIT = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
 local counted = 0
-for i = 7, #ARGV, 2 do
+for i = 8, #ARGV, 2 do
   local key = ARGV[i]
   local state = redis.call('HGET', KEYS[2], key)
   if not state or string.sub(state, 1, 4) ~= 'done' then
@@ -162,6 +169,7 @@ end
 if counted > 0 then
   redis.call('INCRBY', KEYS[4], counted)
   redis.call('HINCRBY', KEYS[6], ARGV[6], counted)
+  redis.call('HINCRBY', KEYS[7], ARGV[7] .. ':written', counted)
 end
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[3])
@@ -201,6 +209,7 @@ class Ledger:
         self.enqueued_key = enqueued_key(queue)
         self.recent_key = recent_key(queue)
         self.made_by_key = made_by_key(queue)
+        self.by_model_key = by_model_key(queue)
         self.started_key = started_registry_key(lane)
         self._claim = conn.register_script(CLAIM)
         self._begin = conn.register_script(BEGIN)
@@ -210,6 +219,7 @@ class Ledger:
         self,
         *,
         job_id: str,
+        model: str,
         keys: list[str],
         redo: list[int],
         images: list[int],
@@ -225,6 +235,7 @@ class Ledger:
             len(keys),
             rq.job_prefix,
             rq.ended_arg(),
+            model,
             *keys,
             *map(str, redo),
             *images,
@@ -237,6 +248,7 @@ class Ledger:
             rq.queues_key,
             self.enqueued_key,
             self.images_key,
+            self.by_model_key,
             *(key for lane in lanes(self.queue) for key in (failed_registry_key(lane), canceled_registry_key(lane))),
         ]
         return self._claim(keys=keys_, args=args, client=client)
@@ -255,6 +267,7 @@ class Ledger:
         images: dict[str, int],
         recent_member: str,
         output: str,
+        model: str,
         made_by: str = MADE_BY_WORKER,
         now: float | None = None,
     ) -> int | None:
@@ -272,7 +285,8 @@ class Ledger:
                 self.images_key,
                 self.recent_key,
                 self.made_by_key,
+                self.by_model_key,
             ],
-            args=[member, now, now - RECENT_WINDOW_S, recent_member, done, made_by, *pairs],
+            args=[member, now, now - RECENT_WINDOW_S, recent_member, done, made_by, model, *pairs],
         )
         return None if out == -1 else int(out)

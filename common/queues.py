@@ -231,6 +231,12 @@ def enqueued_key(queue: str) -> str:
     return f"diffq:{campaign_of(queue)}:enqueued"
 
 
+def by_model_key(queue: str) -> str:
+    """The campaign's images by model: ``<model>:enqueued`` and ``<model>:written`` (the ledger's
+    scripts count them with the totals, so the two never disagree; ``producer status`` shows them)."""
+    return f"diffq:{campaign_of(queue)}:by-model"
+
+
 def checked_key(queue: str) -> str:
     """Fingerprints of prompts files (content and flags) that passed ``producer enqueue``'s check."""
     return f"diffq:{campaign_of(queue)}:checked"

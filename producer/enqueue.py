@@ -438,6 +438,7 @@ class Enqueuer:
         self.ledger.claim(
             client=pipe,
             job_id=jid,
+            model=params.model,
             keys=keys,
             redo=[self._redo.get(key, MAKE) for key in keys],
             images=[item.num_images for _, item in keyed],

@@ -26,6 +26,7 @@ from common.heartbeats import beating, seen_workers
 from common.lanes import MADE_BY_GROUP, MADE_BY_WORKER, is_group_lane, lanes, made_by_key
 from common.queues import (
     RECENT_WINDOW_S,
+    by_model_key,
     finished_key,
     get_queue,
     load_failures_key,
@@ -50,6 +51,7 @@ class RunningJob:
     images_done: int = 0
     loading: str | None = None  # "loading model 37%" while the worker loads the job's model
     precision: str | None = None  # fp8 or fp16 (the worker's --precision) once it has denoised
+    model: str | None = None  # the job's model (its spec's)
 
     @property
     def fraction(self) -> float:
@@ -114,6 +116,8 @@ class QueueStatus:
     groups: list[str] = field(default_factory=list)
     #: images written, by who made them: ``worker`` (single-GPU workers) and ``group``
     made_by: dict[str, int] = field(default_factory=dict)
+    #: images by model: model -> {"enqueued": n, "written": n} (a campaign of several models)
+    by_model: dict[str, dict[str, int]] = field(default_factory=dict)
     #: enqueues of the campaign still reading their file, and those stopped mid-file
     #: (:mod:`common.enqueues`); ``ttl`` tells which is which in words
     enqueuing: list[EnqueueRun] = field(default_factory=list)
@@ -230,6 +234,7 @@ class QueueStatus:
             "groups": self.groups,
             "for_groups": self.for_groups,
             "made_by": self.made_by,
+            "by_model": self.by_model,
             "paused": self.paused,
             "load_failures": self.load_failures,
             "scores": self.scores,
@@ -248,6 +253,22 @@ def score_summary(sums: dict[bytes, bytes]) -> dict[str, dict[str, float]]:
         var = max(values.get(f"{name}:sumsq", 0.0) / n - mean * mean, 0.0)
         summary[name] = {"n": n, "mean": round(mean, 4), "sd": round(var**0.5, 4)}
     return summary
+
+
+def by_model(counts: dict[bytes, bytes]) -> dict[str, dict[str, int]]:
+    """``<model>:enqueued`` / ``<model>:written`` counters as model -> {enqueued, written}."""
+    models: dict[str, dict[str, int]] = {}
+    for name, value in counts.items():
+        model, _, kind = name.decode().rpartition(":")
+        models.setdefault(model, {"enqueued": 0, "written": 0})[kind] = int(value)
+    return dict(sorted(models.items()))
+
+
+def _model_of(job: Job | None) -> str | None:
+    try:
+        return str(job.kwargs["spec"]["params"]["model"]) if job else None
+    except (KeyError, TypeError):
+        return None
 
 
 def failure_reason(job: Job) -> str:
@@ -270,6 +291,7 @@ def _running(jid: str, job: Job | None) -> RunningJob:
         images_done=int(meta.get("images_done") or 0),
         loading=meta.get("loading"),
         precision=meta.get("precision"),
+        model=_model_of(job),
     )
 
 
@@ -297,9 +319,11 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
             recent_key(queue_name), now - RECENT_WINDOW_S, "+inf", start=0, num=RATE_SAMPLE, withscores=True
         )
         pipe.hgetall(made_by_key(queue_name))
-        *sizes, counted, total, recent, made_by = pipe.execute()
+        pipe.hgetall(by_model_key(queue_name))
+        *sizes, counted, total, recent, made_by, models = pipe.execute()
     finished, failed, cancelled = (sum(sizes[i::3]) for i in range(3))
     status.made_by = {k.decode(): int(v) for k, v in sorted(made_by.items())}
+    status.by_model = by_model(models)
     status.for_groups = place.for_groups
     status.queued, status.running, status.scheduled = place.queued, place.running, place.retrying
     status.starting, status.lost = place.starting, place.lost
@@ -381,7 +405,11 @@ def render(status: QueueStatus, redis_label: str) -> str:
         f"  queued    {status.queued}" + (f" ({status.for_groups} for groups only)" if status.for_groups else ""),
         f"  running   {status.running}",
     ]
-    lines += [f"    {r.job_id} on {r.worker}: {r.text()}" for r in status.running_jobs]
+    several = len(status.by_model) > 1
+    lines += [
+        f"    {r.job_id} on {r.worker}: " + (f"{r.model}, " if several and r.model else "") + r.text()
+        for r in status.running_jobs
+    ]
     if status.starting:
         lines.append(f"  starting  {status.starting} (taken by a worker, not started yet)")
     if status.scheduled:
@@ -407,6 +435,9 @@ def render(status: QueueStatus, redis_label: str) -> str:
         kinds = [kind for kind in by if kind in status.made_by] + sorted(set(status.made_by) - set(by))
         made = ", ".join(f"{status.made_by[kind]} by {by.get(kind, kind)}" for kind in kinds)
         lines.append(f"  made      {made}")
+    if len(status.by_model) > 1:
+        for model, n in status.by_model.items():
+            lines.append(f"  model     {model}: {n['written']} of {n['enqueued']} images written")
     if status.waiting_for_a_group:
         lines.append(
             f"  waiting   {status.for_groups} job(s) for a group, and no group serves this queue: start one "

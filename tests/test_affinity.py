@@ -40,9 +40,13 @@ def test_a_file_of_two_models_in_turn_loads_each_once_on_a_worker_that_holds_one
     out = tmp_path / "out"
     rows = write_csv(tmp_path / "p.csv", ROWS)
     assert producer("enqueue", rows, *FLAGS, "--output", out).exit_code == 0
+    before = json.loads(producer("status", "--json").output)["by_model"]
+    assert before == {m: {"enqueued": 3, "written": 0} for m in ("tiny-pixart", "tiny-sd3")}
     log = tmp_path / "w.log"
     drain(env, log)
     assert_exactly_once(out, 6)
+    status = producer("status").output
+    assert "tiny-pixart: 3 of 3 images written" in status and "tiny-sd3: 3 of 3 images written" in status, status
     loads = re.findall(r"model (\S+) ready in", log.read_text())
     assert loads == ["tiny-pixart", "tiny-sd3"], loads  # not six: pixart's jobs, then sd3's
     lines = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]

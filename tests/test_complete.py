@@ -125,7 +125,7 @@ class World:
         keys = [item_key(spec.params, item) for item in spec.items]
         begun = self.ledger.begin(member=member, offset=0, keys=keys)
         counted = self.ledger.commit(member=member, images=dict.fromkeys(keys, 1), recent_member=f"{jid}:1",
-                                     output=self.options.output)  # fmt: skip
+                                     output=self.options.output, model=spec.params.model)  # fmt: skip
         if fenced:
             assert begun is None and counted is None  # its job is no longer its own
             return

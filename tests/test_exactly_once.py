@@ -27,9 +27,9 @@ from rq.job import Job
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from common.ledger import Ledger
+from common.ledger import MAKE, REMAKE_IMAGES, Ledger
 from common.naming import output_id
-from common.queues import get_queue, images_key, intents_key, items_key
+from common.queues import by_model_key, get_queue, images_key, intents_key, items_key
 from common.settings import Settings
 from producer.enqueue import EnqueueOptions, Enqueuer
 from producer.reader import RowDefaults, read_rows
@@ -95,10 +95,14 @@ def test_a_worker_that_lost_its_job_records_nothing(conn, tmp_path):
     begun = ledger.begin(member="dqjob:current", offset=123, keys=["k1"])
     assert begun is not None and begun[0].state == "dqjob" and begun[0].intent is None
     assert conn.hget(intents_key("q"), "k1") == b"123"
-    assert ledger.commit(member="dqjob:stale", images={"k1": 2}, recent_member="j:1", output="/out") is None
+    assert (
+        ledger.commit(member="dqjob:stale", images={"k1": 2}, recent_member="j:1", output="/out", model="tiny") is None
+    )
     assert conn.hget(items_key("q"), "k1") == b"dqjob" and conn.get(images_key("q")) is None
-    assert ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1", output="/out") == 2
-    again = ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1", output="/out")
+    assert (
+        ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1", output="/out", model="tiny") == 2
+    )
+    again = ledger.commit(member="dqjob:current", images={"k1": 2}, recent_member="j:1", output="/out", model="tiny")
     assert again == 0  # counted once
     assert conn.hget(items_key("q"), "k1") == f"done:{output_id('/out')}".encode()
     assert conn.hget(intents_key("q"), "k1") is None
@@ -174,3 +178,27 @@ def test_a_job_longer_than_twice_the_heartbeat_ttl_runs_once(env, conn, tmp_path
     assert_exactly_once(out, 1)
     logs = [(tmp_path / f"w{i}.log").read_text() for i in range(2)]
     assert sum(f"job {job.id}:" in log for log in logs) == 1
+
+
+def test_images_by_model_are_counted_with_the_totals_through_a_remake(conn):
+    """The ledger's scripts count each model's images beside the campaign's totals: queued once,
+    written once, and a done item queued again to remake its images leaves 'written' until made."""
+    ledger = Ledger(conn, "q")
+    for jid, model in (("a", "tiny"), ("b", "tiny-sd3")):
+        taken = ledger.claim(
+            job_id=jid, model=model, keys=[f"k{jid}"], redo=[MAKE], images=[2], job_fields=["status", "queued"]
+        )
+        assert taken == []
+    conn.zadd(ledger.started_key, {"a:1": 9e9})
+    assert ledger.commit(member="a:1", images={"ka": 2}, recent_member="a:2", output="/out", model="tiny") == 2
+    counts = {k.decode(): int(v) for k, v in conn.hgetall(by_model_key("q")).items()}
+    assert counts == {"tiny:enqueued": 2, "tiny:written": 2, "tiny-sd3:enqueued": 2}
+    conn.hset(Job.key_for("a"), "status", "finished")
+    assert (
+        ledger.claim(
+            job_id="a", model="tiny", keys=["ka"], redo=[REMAKE_IMAGES], images=[2], job_fields=["status", "queued"]
+        )
+        == []
+    )
+    assert conn.hget(by_model_key("q"), "tiny:written") == b"0" and conn.get(images_key("q")) == b"0"
+    assert conn.hget(by_model_key("q"), "tiny:enqueued") == b"2"  # the same images, not new ones

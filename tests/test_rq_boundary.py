@@ -157,6 +157,7 @@ def test_an_item_is_queued_again_only_when_its_job_has_ended(conn: redis.Redis, 
     conn.hset(Job.key_for("owner"), "status", status)
     taken = Ledger(conn, "b").claim(
         job_id="second",
+        model="tiny",
         keys=["item"],
         redo=[0],
         images=[1],

@@ -448,6 +448,7 @@ def _record(run: Run, records: list[dict[str, Any]]) -> int:
             images={key: item.num_images for key, item in zip(plan.keys, run.chunk.items, strict=True)},
             recent_member=f"{job.id}:{len(records)}:{time.perf_counter() - run.started:.3f}",
             output=run.chunk.output,
+            model=run.chunk.params.model,
             made_by=run.ctx.runtime.made_by,
         )
         if counted is None:
