@@ -152,8 +152,9 @@ return out
 
 #: KEYS: started registry, items, intents, images counter, recent, made-by, images by model.
 #: ARGV: execution member, now, window start, recent member, the done state (``done:<output
-#: id>``), who made them (``worker`` or ``group``), the job's model, then (item key, images) pairs. Returns -1 if the execution is no
-#: longer this worker's, else the number of images newly counted.
+#: id>``), who made them (``worker`` or ``group``), the job's model, then (item key, images)
+#: pairs. Returns -1 if the execution is no longer this worker's, else the number of images
+#: newly counted.
 COMMIT = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
 local counted = 0

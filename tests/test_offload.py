@@ -276,3 +276,24 @@ def test_sdxl_random_is_drawn_in_its_dtype_where_an_fp32_draw_does_not_fit(cache
     monkeypatch.setattr(models, "sdxl_random", build)
     assert WarmPipelines(str(cache_dir), device="cpu")._load("sdxl-random") == "pipeline"
     assert calls == [False, True]
+
+
+def test_a_new_host_takes_the_fleets_profiles_from_redis_and_a_silent_redis_costs_only_a_probe(
+    tmp_path, redis_url, conn, caplog
+):
+    """``--compile-cache redis``: peaks one host measured are another host's (no probe there),
+    kept in its own file too; a Redis that does not answer is said once and measured around."""
+    first = Profiles(tmp_path / "host-a" / "memory-profiles.json", redis_url)
+    first.record("H200|sdxl", 16, 3 * GiB)
+    assert conn.hgetall("diffq:memory-profile:H200|sdxl") == {b"16": str(3 * GiB).encode()}
+    second = Profiles(tmp_path / "host-b" / "memory-profiles.json", redis_url)
+    assert second.peaks("H200|sdxl") == {16: 3 * GiB}
+    conn.flushall()
+    assert Profiles(tmp_path / "host-b" / "memory-profiles.json").peaks("H200|sdxl") == {16: 3 * GiB}
+    assert Profiles(tmp_path / "host-c" / "p.json", redis_url).peaks("H200|sdxl") == {}  # nobody measured it
+    silent = Profiles(tmp_path / "host-d" / "p.json", "redis://127.0.0.1:1/0")
+    assert silent.peaks("k") == {}
+    silent.record("k", 1, 5)
+    assert silent.peaks("k") == {1: 5}
+    said = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("memory profiles: the shared Redis"), said

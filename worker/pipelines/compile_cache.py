@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 from urllib.parse import urlsplit
 
 from common.settings import redact
@@ -42,3 +43,33 @@ def share_compile_cache(url: str | None) -> None:
     inductor_config.autotune_remote_cache = True
     functorch_config.enable_remote_autograd_cache = True
     log.info("compile cache: shared through the Redis at %s (torch's remote caches)", redact(url))
+
+
+class FleetRedis:
+    """The Redis a fleet shares what one host measured or compiled (``--compile-cache redis``):
+    connected on first use; when it does not answer, ``what`` is said once in the log and this
+    host goes on by itself (every call answers None from then on)."""
+
+    def __init__(self, url: str | None, what: str) -> None:
+        self.url = url
+        self.what = what
+        self._client: Any = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        if not self.url:
+            return None
+        import redis
+
+        try:
+            if self._client is None:
+                self._client = redis.Redis.from_url(self.url, socket_timeout=30)
+            return getattr(self._client, method)(*args)
+        except redis.RedisError as exc:
+            log.warning(
+                "%s: the shared Redis at %s did not answer (%s); this host goes on alone",
+                self.what,
+                redact(self.url),
+                exc,
+            )
+            self.url = None
+            return None

@@ -6,8 +6,11 @@ is denoised and decoded. The first job of a shape measures it: one denoising ste
 allocator, until the next batch would not fit (predicted from the last two, then measured).
 The peaks are kept in ``<cache_dir>/memory-profiles.json`` by GPU model, model, size, CFG,
 dtype, speed levers and offload mode, so a worker on a GPU model seen before measures nothing
-and never starts with an out-of-memory error. Which batch fits is decided against this
-worker's own share of the GPU (``--gpu-memory``, else what is free when it starts).
+and never starts with an out-of-memory error. With a shared compile cache (``--compile-cache
+redis``) they also go to that Redis, as the compiled graphs do: a new host of a GPU model the
+fleet has seen measures nothing either (the probes were a third of a cold FP8 start on an H200).
+Which batch fits is decided against this worker's own share of the GPU (``--gpu-memory``, else
+what is free when it starts).
 """
 
 from __future__ import annotations
@@ -59,12 +62,20 @@ class Budget:
         return f"{self.usable / GiB:.1f} GiB of {self.gpu}"
 
 
+#: Redis key prefix of the fleet's profiles: one hash per profile key, batch -> peak bytes
+REMOTE_PREFIX = "diffq:memory-profile:"
+
+
 class Profiles:
     """Measured peak bytes per batch size, by profile key, in one JSON file shared by the workers
-    of a host (each write re-reads the file, merges and replaces it whole)."""
+    of a host (each write re-reads the file, merges and replaces it whole), and in the fleet's
+    Redis when there is one (``remote_url``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, remote_url: str | None = None) -> None:
+        from worker.pipelines.compile_cache import FleetRedis
+
         self.path = path
+        self.remote = FleetRedis(remote_url, "memory profiles")
         self._lock = threading.Lock()
         self._known: dict[str, dict[str, int]] = self._read()
 
@@ -79,9 +90,17 @@ class Profiles:
         return data if isinstance(data, dict) else {}
 
     def peaks(self, key: str) -> dict[int, int]:
+        """The peaks known for ``key``: this host's, else the fleet's (then kept here too)."""
+        if key not in self._known:
+            for batch, peak in (self.remote.call("hgetall", REMOTE_PREFIX + key) or {}).items():
+                self._keep(key, int(batch), int(peak))
         return {int(batch): int(peak) for batch, peak in self._known.get(key, {}).items()}
 
     def record(self, key: str, batch: int, peak: int) -> None:
+        self._keep(key, batch, peak)
+        self.remote.call("hset", REMOTE_PREFIX + key, str(batch), str(peak))
+
+    def _keep(self, key: str, batch: int, peak: int) -> None:
         with self._lock:
             data = self._read()
             data.setdefault(key, {})[str(batch)] = peak

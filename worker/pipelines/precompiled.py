@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from common.settings import redact
+from worker.pipelines.compile_cache import FleetRedis
 
 log = logging.getLogger("diffq.worker")
 
@@ -51,8 +51,7 @@ class Store:
 
     def __init__(self, folder: Path, remote_url: str | None = None) -> None:
         self.folder = folder
-        self.remote_url = remote_url
-        self._remote: Any = None
+        self.remote = FleetRedis(remote_url, "compiled graphs")
         self.compiled = 0  # files this process compiled (and wrote)
         self.loaded = 0  # files this process loaded instead of compiling
 
@@ -69,7 +68,7 @@ class Store:
         """``save(path)`` writes the file; it appears under its name whole or not at all, and
         goes to the shared Redis too."""
         self._keep(key, save)
-        if self.remote_url:
+        if self.remote.url:
             data = (self.folder / f"{key}.pt2").read_bytes()
             if len(data) <= REMOTE_MAX_BYTES:
                 self._remote_call("set", REMOTE_PREFIX + key, data)
@@ -92,22 +91,7 @@ class Store:
         self._remote_call("delete", REMOTE_PREFIX + key)
 
     def _remote_call(self, method: str, *args: Any) -> Any:
-        if not self.remote_url:
-            return None
-        import redis
-
-        try:
-            if self._remote is None:
-                self._remote = redis.Redis.from_url(self.remote_url, socket_timeout=30)
-            return getattr(self._remote, method)(*args)
-        except redis.RedisError as exc:
-            log.warning(
-                "compiled graphs: the shared Redis at %s did not answer (%s); this host compiles for itself",
-                redact(self.remote_url),
-                exc,
-            )
-            self.remote_url = None
-            return None
+        return self.remote.call(method, *args)
 
 
 def install(module: torch.nn.Module, store: Store, identity: dict[str, Any]) -> None:

@@ -129,7 +129,7 @@ class WarmPipelines:
         self.offload = "none" if offload == "auto" and self.device.type != "cuda" else offload
         #: this worker's share of its GPU; None on the CPU, where batches are not sized by memory
         self.budget = Budget.of(self.device, gpu_memory) if self.device.type == "cuda" else None
-        self.profiles = Profiles(Path(cache_dir) / "memory-profiles.json")
+        self.profiles = Profiles(Path(cache_dir) / "memory-profiles.json", compile_cache)
         self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
         self.loads = 0
 
