@@ -62,7 +62,7 @@ def test_candidates_are_powers_of_two_then_the_limit():
 @pytest.mark.parametrize(
     ("usable_gib", "batch", "asked"),
     [
-        (80, 8, [1, 2, 4, 8]),  # all of a chunk of 8 fits
+        (80, 8, [1, 2, 8]),  # all of a chunk of 8 fits: predicted from 1 and 2, then measured
         (17, 4, [1, 2, 4]),  # 6.6 + 2.0 * 8 = 22.6 GiB is predicted from 2 and 4, not tried
         (12, 2, [1, 2]),  # batch 4 (14.6) predicted past 0.9 * 12
         (11, 1, [1, 2]),  # batch 2 measured at 10.6: past 0.9 * 11
@@ -77,6 +77,16 @@ def test_the_largest_batch_that_fits_is_measured_not_guessed_from_an_oom(usable_
     assert peak == probe.table[batch]
     assert probe.asked == asked
     assert remembered == {b: probe.table[b] for b in asked}  # kept for the next worker
+
+
+def test_a_limit_the_line_promised_but_that_does_not_fit_sends_the_search_back_between():
+    """A convex peak: batch 8 predicted from 1 and 2 at 21 GiB (fits 0.9 * 30), measured at 30."""
+    probe = Probe({1: 7 * GiB, 2: 9 * GiB, 4: 13 * GiB, 8: 30 * GiB})
+    remembered: dict[int, int] = {}
+    got, peak = largest_batch(probe, {}, 8, Budget(30 * GiB, "gpu"), remember=remembered.__setitem__)
+    assert (got, peak) == (4, 13 * GiB)
+    assert probe.asked == [1, 2, 8, 4]
+    assert remembered == {1: 7 * GiB, 2: 9 * GiB, 4: 13 * GiB, 8: 30 * GiB}  # the refusal is kept too
 
 
 def test_known_peaks_measure_nothing_and_an_oom_in_a_probe_stops_the_search():

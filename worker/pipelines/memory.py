@@ -137,28 +137,49 @@ def largest_batch(
 
     Peaks come from ``known`` or are measured (``measure(batch)``: bytes, or None when it ran
     out of memory, and then ``remember``-ed). A batch whose peak, predicted in a line through
-    the last two, would not fit is not tried. Batch 1 is the answer even when it does not fit:
-    the job then fails with a clear out-of-memory message rather than never running."""
+    the last two, would not fit is not tried. Once two are measured and the line says ``limit``
+    fits, ``limit`` is measured next: when it fits, the sizes between are never probed (each
+    probe of an FP8 SDXL took 20-27 s on an H200); when not, they are, as before. Batch 1 is the
+    answer even when it does not fit: the job then fails with a clear out-of-memory message
+    rather than never running."""
     best, best_peak = 1, known.get(1)
     seen: list[tuple[int, int]] = []
-    for size in candidates(limit):
+    refused: set[int] = set()  # sizes measured past the budget (or out of memory)
+
+    def predicted(size: int) -> float | None:
+        if len(seen) < 2:
+            return None
+        (b0, p0), (b1, p1) = seen[-2], seen[-1]
+        return p1 + (p1 - p0) * (size - b1) / (b1 - b0)
+
+    def peak_of(size: int) -> int | None:
         peak = known.get(size)
         if peak is None:
-            if len(seen) >= 2:
-                (b0, p0), (b1, p1) = seen[-2], seen[-1]
-                predicted = p1 + (p1 - p0) * (size - b1) / (b1 - b0)
-                if not budget.fits(int(predicted)):
-                    break
             peak = measure(size)
-            if peak is None:
-                break
-            remember(size, peak)
-        if size == 1:
+            if peak is not None:
+                remember(size, peak)
+        if peak is None or not budget.fits(peak):
+            refused.add(size)
+        return peak
+
+    for size in candidates(limit):
+        if size in refused:
+            break
+        guess = predicted(size)
+        if size not in known and guess is not None and not budget.fits(int(guess)):
+            break
+        peak = peak_of(size)
+        if size == 1 and peak is not None:
             best_peak = peak  # the log shows it even when it does not fit
-        if not budget.fits(peak):
+        if peak is None or not budget.fits(peak):
             break
         best, best_peak = size, peak
         seen.append((size, peak))
+        jump = predicted(limit)
+        if len(seen) == 2 and size < limit and limit not in known and jump is not None and budget.fits(int(jump)):
+            top = peak_of(limit)
+            if top is not None and budget.fits(top):
+                return limit, top
     return best, best_peak
 
 
