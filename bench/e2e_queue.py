@@ -33,7 +33,7 @@ from rq.serializers import JSONSerializer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.queues import get_queue  # noqa: E402
+from common.queues import by_model_key, get_queue  # noqa: E402
 
 
 def environment() -> dict:
@@ -50,17 +50,20 @@ MLPERF_NEGATIVE = "normal quality, low quality, worst quality, low res, blurry, 
 
 
 def write_prompts(
-    csv: Path, n_images: int, adapters: list[str], samplers: list[str], chunk: int, negative: str = ""
-) -> None:
-    """``n_images`` rows; with adapters (samplers), each block of ``chunk`` rows takes the next one."""
+    csv: Path, n_images: int, adapters: list[str], samplers: list[str], chunk: int, negative: str = "",
+    models: list[str] | None = None,
+) -> None:  # fmt: skip
+    """``n_images`` rows; with adapters (samplers, models), each block of ``chunk`` rows takes the next one."""
     rows = []
     for i in range(n_images):
         adapter = adapters[(i // chunk) % len(adapters)] if adapters else "none"
         sampler = samplers[(i // chunk) % len(samplers)] if samplers else ""
+        model = models[(i // chunk) % len(models)] if models else ""
         rows.append(
-            f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter},{sampler},"{negative}"\n'
+            f'"benchmark prompt {i}, a red fox in snow",{"" if adapter == "none" else adapter},{sampler},'
+            f'"{negative}",{model}\n'
         )
-    csv.write_text("prompt,adapter,sampler,negative_prompt\n" + "".join(rows))
+    csv.write_text("prompt,adapter,sampler,negative_prompt,model\n" + "".join(rows))
 
 
 def switch_ratio(ordered: list[Job]) -> float | None:
@@ -158,7 +161,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     adapters = [a for a in args.adapters.split(",") if a]
     samplers = [a for a in args.samplers.split(",") if a]
     negative = MLPERF_NEGATIVE if args.negative_prompt == "mlperf" else args.negative_prompt
-    write_prompts(csv, n_images, adapters, samplers, args.block or args.chunk, negative)
+    models = [m for m in args.models.split(",") if m]
+    write_prompts(csv, n_images, adapters, samplers, args.block or args.chunk, negative, models)
     env = {**os.environ, "REDIS_URL": args.redis_url, "DIFFQ_QUEUE": queue_name, "PYTHONUNBUFFERED": "1"}
     subprocess.run(
         [
@@ -208,6 +212,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
                 args.speedups,
                 "--precision",
                 args.precision,
+                *(["--max-models", str(args.max_models)] if args.max_models > 1 else []),
             ],
             env=env,
             cwd=ROOT,
@@ -247,6 +252,11 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "dtype": os.environ.get("DIFFQ_DTYPE", "auto"),
         "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
         "model": args.model,
+        "models": models,  # the rows' model cells in blocks (empty: --model for every row)
+        "max_models": args.max_models,
+        "loads": log.read_text().count(" ready in "),
+        "unloads": log.read_text().count("unloading model"),
+        "by_model": {k.decode(): int(v) for k, v in sorted(conn.hgetall(by_model_key(queue_name)).items())},
         "size": args.size,
         "steps": args.steps,
         "guidance": args.guidance,
@@ -285,6 +295,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "job_trace": [
             {
                 "adapter": (j.kwargs.get("spec") or {}).get("params", {}).get("adapter"),
+                "model": (j.kwargs.get("spec") or {}).get("params", {}).get("model"),
                 "sampler": sampler_of(j),
                 "job_s": round(done_at(j) - j.started_at.timestamp(), 3),
                 **{k: j.return_value()["timings"].get(k) for k in ("adapter_s", "denoise_s", "total_s")},
@@ -322,6 +333,8 @@ def main() -> None:
     ap.add_argument("--timestep-spacing", default="", help="the sampler's spacing (leading, linspace, trailing)")
     ap.add_argument("--image-format", default="png", help="the producer's --image-format (png, jpeg:90, webp, ...)")
     ap.add_argument("--negative-prompt", default="", help="every row's negative prompt; mlperf: MLPerf SDXL's")
+    ap.add_argument("--models", default="", help="comma-separated models taken in turn by blocks of rows")
+    ap.add_argument("--max-models", type=int, default=1, help="the worker's --max-models")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)

@@ -5,22 +5,36 @@
 #                               of 8 (64 images), fp8 in jobs of 16 (96 images)
 #   schnell:<precision>         the FLUX architecture at the flux-schnell recipe's settings (4 steps,
 #                               guidance 0), jobs of SCHNELL_CHUNK (4), 48 images; bf16 or fp8
+#   route:<max_models>          a campaign of two models in blocks of 8 rows, in turn (sdxl-random and
+#                               flux-random, 4 steps, guidance 0, ROUTE_SPEEDUPS (none): loads, not speed)
+#   newhost:<phase>             <phase> again as a new host of the fleet: an empty cache folder, the
+#                               same Redis (every phase runs with DIFFQ_COMPILE_CACHE=redis): its first
+#                               image is the cold start of a GPU model the fleet has seen
 # Lines to $OUT/fewstep.jsonl (with the phase's median encode/denoise/decode/save, the job's host
 # time outside the pipeline and RQ's time between jobs); each phase's worker log beside it.
 #   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/fewstep_device.sh light:fp16:png light:fp16:jpeg
 source bench/device_setup.sh || exit 1
-export DIFFQ_CACHE=${DIFFQ_CACHE:-/tmp/diffq-cache} BENCH_COMMIT=${BENCH_COMMIT:-unknown}
+export DIFFQ_CACHE=${DIFFQ_CACHE:-/tmp/diffq-cache} BENCH_COMMIT=${BENCH_COMMIT:-unknown} DIFFQ_COMPILE_CACHE=redis
+# SEED_PROFILES: memory profiles an earlier call measured on this GPU model (as a fleet keeps them)
+[ -n "$SEED_PROFILES" ] && mkdir -p "$DIFFQ_CACHE" && cp "$SEED_PROFILES" "$DIFFQ_CACHE/memory-profiles.json"
 Q="python3 bench/e2e_queue.py --out $OUT/fewstep.jsonl --logs $OUT --gpu-counts 1 --timeout ${PHASE_S:-260}"
 LIGHT="--steps 4 --guidance 0 --sampler euler --timestep-spacing trailing"
 for phase in "$@"; do
   echo "== $phase $(date +%T) (${SECONDS}s)"
+  tagged=""
+  if [[ $phase == newhost:* ]]; then
+    phase=${phase#newhost:}; tagged="newhost-"; export DIFFQ_CACHE=/tmp/diffq-cache-newhost-$SECONDS
+  fi
   IFS=: read -r what precision format <<< "$phase"
   case $what in
-    light) $Q --tag "light-$precision-$format" $LIGHT --precision $precision --image-format ${format:-png} \
+    light) $Q --tag "${tagged}light-$precision-$format" $LIGHT --precision $precision --image-format ${format:-png} \
       --chunk ${CHUNK:-16} --images-per-gpu ${LIGHT_IMAGES:-96} ;;
     neg) chunk=$([ $precision = fp8 ] && echo 16 || echo 8); n=$([ $precision = fp8 ] && echo 96 || echo 64)
-      $Q --tag "neg-$precision" --negative-prompt mlperf --precision $precision --chunk $chunk --images-per-gpu $n ;;
-    schnell) $Q --tag "schnell-$precision" --model flux-random --steps 4 --guidance 0 --chunk ${SCHNELL_CHUNK:-4} \
+      $Q --tag "${tagged}neg-$precision" --negative-prompt mlperf --precision $precision --chunk $chunk --images-per-gpu $n ;;
+    route) $Q --tag "route-$precision" --models sdxl-random,flux-random --model sdxl-random --steps 4 --guidance 0 \
+      --chunk 8 --images-per-gpu ${ROUTE_IMAGES:-64} --max-models ${precision:-1} --speedups ${ROUTE_SPEEDUPS:-none} --timeout ${ROUTE_S:-170} ;;
+    schnell) $Q --tag "${tagged}schnell-$precision" --model flux-random --steps 4 --guidance 0 --chunk ${SCHNELL_CHUNK:-4} \
       --images-per-gpu 48 $([ $precision = fp8 ] && echo "--precision fp8") ;;
   esac 2>&1 | tail -c 700
 done
+cp "$DIFFQ_CACHE/memory-profiles.json" "$OUT/memory-profiles.json" 2>/dev/null || true

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import assert_exactly_once, drain, producer, write_csv
+from conftest import assert_exactly_once, drain, kill, producer, start_worker, write_csv
 from rq.job import Job
 
 from common.queues import get_queue
@@ -49,7 +49,26 @@ def test_a_file_of_two_models_in_turn_loads_each_once_on_a_worker_that_holds_one
     assert "tiny-pixart: 3 of 3 images written" in status and "tiny-sd3: 3 of 3 images written" in status, status
     loads = re.findall(r"model (\S+) ready in", log.read_text())
     assert loads == ["tiny-pixart", "tiny-sd3"], loads  # not six: pixart's jobs, then sd3's
+    assert log.read_text().count("unloading model") == 1  # one model warm at a time (--max-models 1)
     lines = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
     assert sorted(line["model"] for line in lines) == ["tiny-pixart"] * 3 + ["tiny-sd3"] * 3
     again = producer("enqueue", rows, *FLAGS, "--output", out)
     assert again.exit_code == 0 and "0 new" in again.output, again.output
+
+
+@pytest.mark.worker
+@pytest.mark.long
+def test_a_worker_that_keeps_two_models_warm_loads_each_once_and_unloads_nothing(env, conn, tmp_path):
+    """``--max-models 2``: both models stay warm; the rows' order is served without a reload."""
+    out = tmp_path / "out"
+    assert producer("enqueue", write_csv(tmp_path / "p.csv", ROWS), *FLAGS, "--output", out).exit_code == 0
+    log = tmp_path / "w.log"
+    worker = start_worker(env, log, "--burst", "--max-models", "2")
+    try:
+        assert worker.wait(400) == 0, log.read_text()
+    finally:
+        kill(worker)
+    assert_exactly_once(out, 6)
+    text = log.read_text()
+    assert re.findall(r"model (\S+) ready in", text) == ["tiny-pixart", "tiny-sd3"], text
+    assert "unloading model" not in text, text

@@ -72,6 +72,12 @@ def run_options(func: Any) -> Any:
         ),
         click.option("--preload", help="Load this model before taking the first job (e.g. tiny, sdxl-random)."),
         click.option(
+            "--max-models",
+            type=click.IntRange(min=1),
+            help="Models kept warm at once, for campaigns of several models whose weights fit the GPU together "
+            "(SDXL and FLUX on an H200: 2); jobs of a held model are taken first [default 1].",
+        ),
+        click.option(
             "--metrics-port",
             type=int,
             help="Serve Prometheus metrics (images, jobs, job time, failures, pauses) on this port; launch gives "
@@ -194,7 +200,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
     from worker.serving.runtime import Runtime, worker_name
     from worker.serving.signals import EXIT_LEASE_LOST
 
-    pipelines = WarmPipelines.from_settings(settings)
+    pipelines = WarmPipelines.from_settings(settings, max_models=opts["max_models"] or 1)
     if settings.gpu_label == "-":
         settings = settings.with_(gpu_label="cpu" if pipelines.device.type == "cpu" else "all")
     # force: a leasing worker configured logging before it knew its GPU (label "lease")
@@ -281,7 +287,7 @@ def launch(gpus: str, **opts: Any) -> None:
         "offload",
         "gpu_memory",
     )
-    for name in (*names, "preload", "max_jobs"):
+    for name in (*names, "preload", "max_models", "max_jobs"):
         if opts[name] is not None:
             run_args += [f"--{name.replace('_', '-')}", str(opts[name])]
     if opts["burst"]:

@@ -2,8 +2,9 @@
 
 A campaign over several models (a ``model`` column, or ``--model`` given twice) queues its
 jobs in the order of its rows, so a worker that keeps one model warm (an SDXL UNet is 5 GB;
-``WarmPipelines.max_models`` is 1) would load a model for every job whose model differs from
-the last one's: a 30-60 s load for a 1-8 s job. Before each dequeue, the worker looks at the
+``--max-models`` is 1 unless given) would load a model for every job whose model differs from
+the last one's: a 30-60 s load for a 1-8 s job. A worker that keeps several (``--max-models 2``)
+prefers the jobs of any of them. Before each dequeue, the worker looks at the
 first :data:`PEEK` jobs of each of its queues; when the one at the front is of a model it does
 not hold and a later one is of a model it holds, it moves that job to the front, and RQ's own
 dequeue takes it. Another worker's jobs are not held back: the job left behind stays at the
