@@ -94,6 +94,11 @@ def test_known_peaks_measure_nothing_and_an_oom_in_a_probe_stops_the_search():
     nothing = Probe(table)
     assert largest_batch(nothing, table, 8, Budget(80 * GiB, "gpu"), remember=lambda b, p: None)[0] == 8
     assert nothing.asked == []
+    # a fleet's profile of another worker's search (1, 2 and the limit): nothing between is probed
+    sparse = Probe(table)
+    known = {b: table[b] for b in (1, 2, 8)}
+    assert largest_batch(sparse, known, 8, Budget(80 * GiB, "gpu"), remember=lambda b, p: None) == (8, table[8])
+    assert sparse.asked == []
     # a probe that runs out of memory (a convex peak the line did not predict) keeps the last that ran
     oom = Probe(table, oom_from=4)
     assert largest_batch(oom, {}, 8, Budget(80 * GiB, "gpu"), remember=lambda b, p: None)[0] == 2

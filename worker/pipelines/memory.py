@@ -176,7 +176,7 @@ def largest_batch(
         best, best_peak = size, peak
         seen.append((size, peak))
         jump = predicted(limit)
-        if len(seen) == 2 and size < limit and limit not in known and jump is not None and budget.fits(int(jump)):
+        if len(seen) == 2 and size < limit and jump is not None and (limit in known or budget.fits(int(jump))):
             top = peak_of(limit)
             if top is not None and budget.fits(top):
                 return limit, top
