@@ -254,8 +254,8 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "model": args.model,
         "models": models,  # the rows' model cells in blocks (empty: --model for every row)
         "max_models": args.max_models,
-        "loads": log.read_text().count(" ready in "),
-        "unloads": log.read_text().count("unloading model"),
+        "loads": (said := log.read_text()).count(" ready in "),
+        "unloads": said.count("unloading model"),
         "by_model": {k.decode(): int(v) for k, v in sorted(conn.hgetall(by_model_key(queue_name)).items())},
         "size": args.size,
         "steps": args.steps,

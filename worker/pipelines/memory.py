@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from worker.pipelines.compile_cache import FleetRedis
+
 log = logging.getLogger("diffq.worker")
 
 GiB = 2**30
@@ -72,8 +74,6 @@ class Profiles:
     Redis when there is one (``remote_url``)."""
 
     def __init__(self, path: Path, remote_url: str | None = None) -> None:
-        from worker.pipelines.compile_cache import FleetRedis
-
         self.path = path
         self.remote = FleetRedis(remote_url, "memory profiles")
         self._lock = threading.Lock()
@@ -92,18 +92,20 @@ class Profiles:
     def peaks(self, key: str) -> dict[int, int]:
         """The peaks known for ``key``: this host's, else the fleet's (then kept here too)."""
         if key not in self._known:
-            for batch, peak in (self.remote.call("hgetall", REMOTE_PREFIX + key) or {}).items():
-                self._keep(key, int(batch), int(peak))
+            fleet = self.remote.call("hgetall", REMOTE_PREFIX + key) or {}
+            if fleet:
+                self._keep(key, {int(batch): int(peak) for batch, peak in fleet.items()})
         return {int(batch): int(peak) for batch, peak in self._known.get(key, {}).items()}
 
     def record(self, key: str, batch: int, peak: int) -> None:
-        self._keep(key, batch, peak)
+        self._keep(key, {batch: peak})
         self.remote.call("hset", REMOTE_PREFIX + key, str(batch), str(peak))
 
-    def _keep(self, key: str, batch: int, peak: int) -> None:
+    def _keep(self, key: str, peaks: dict[int, int]) -> None:
+        """Merge ``peaks`` into this host's file (re-read first: the host's other workers write it too)."""
         with self._lock:
             data = self._read()
-            data.setdefault(key, {})[str(batch)] = peak
+            data.setdefault(key, {}).update({str(batch): peak for batch, peak in peaks.items()})
             self._known = data
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ class Store:
         path = self.folder / f"{key}.pt2"
         if path.exists():
             return path.read_bytes()
-        data = self._remote_call("get", REMOTE_PREFIX + key)
+        data = self.remote.call("get", REMOTE_PREFIX + key)
         if data:
             self._keep(key, lambda path: Path(path).write_bytes(data))
         return data
@@ -71,7 +71,7 @@ class Store:
         if self.remote.url:
             data = (self.folder / f"{key}.pt2").read_bytes()
             if len(data) <= REMOTE_MAX_BYTES:
-                self._remote_call("set", REMOTE_PREFIX + key, data)
+                self.remote.call("set", REMOTE_PREFIX + key, data)
 
     def _keep(self, key: str, save: Callable[[str], None]) -> None:
         """The file on this host, by a temporary name renamed into place."""
@@ -88,10 +88,7 @@ class Store:
     def forget(self, key: str) -> None:
         """A file that could not be loaded: compiled again and written over, here and remotely."""
         (self.folder / f"{key}.pt2").unlink(missing_ok=True)
-        self._remote_call("delete", REMOTE_PREFIX + key)
-
-    def _remote_call(self, method: str, *args: Any) -> Any:
-        return self.remote.call(method, *args)
+        self.remote.call("delete", REMOTE_PREFIX + key)
 
 
 def install(module: torch.nn.Module, store: Store, identity: dict[str, Any]) -> None:
