@@ -41,23 +41,45 @@ def preset_default(model: str, name: str, fallback: int) -> int:
     return PRESET_DEFAULTS.get(model, {}).get(name, fallback)
 
 
-#: Speed levers a worker can switch on (``--speedups`` / ``DIFFQ_SPEEDUPS``); worker/pipelines/speedups.py applies them.
+#: Speed levers a worker can switch on (``--speedups`` / ``DIFFQ_SPEEDUPS``); worker/pipelines/speedups.py
+#: applies them. docs/usage.md's lever table gives each one's measured gain; ``make lint`` checks
+#: that the table names exactly these.
 SPEEDUP_LEVERS: dict[str, str] = {
     "vae-fp16": "decode in fp16 instead of SDXL's default fp32 upcast (checked finite; falls back to fp32)",
-    "channels-last": "UNet and VAE in channels_last memory format",
     "fuse-qkv": "fused QKV projections in the UNet's (FLUX: the transformer's) attention",
-    "compile-blocks": "torch.compile of the UNet's repeated transformer blocks (regional; ~10 s more warm-up)",
-    "compile-resnets": "torch.compile of each UNet ResNet block too (fuses GroupNorm+SiLU; more warm-up)",
-    "compile-unet": "torch.compile of the whole UNet as one graph (instead of compile-blocks/-resnets)",
+    "compile-blocks": "torch.compile of the denoiser's repeated transformer blocks (regional; ~10 s more warm-up)",
+    "compile-unet": "torch.compile of the whole UNet as one graph (instead of compile-blocks)",
     "compile-vae": "torch.compile of the VAE decoder (one graph; more warm-up)",
-    "cudnn-benchmark": "let cuDNN time its convolution algorithms per shape (UNet and VAE convs; at warm-up)",
     "persistent-norms": "compiled LayerNorms of up to 2048 channels read each row once (SDXL's 1280; with compile-*)",
     "cuda-graphs": "the UNet's calls of up to 8 rows replayed as CUDA graphs (batch 1-4: where the host is the limit)",
     "encoder-graphs": "the text encoders' calls of up to 8 prompts replayed as CUDA graphs (a prompt's encode)",
     "empty-negative": "an empty negative prompt's half of a batch skips cross-attention (SDXL zeroes it; same images)",
-    "fp8": "FP8 linears in the denoiser, static scales calibrated once (the same as --precision fp8)",
-    "modulation-once": "a FLUX image's modulation vectors for all its steps computed at its first (one GEMM a layer)",
 }
+
+#: levers a worker no longer takes, each with the reason a user who names one reads
+RETIRED_LEVERS: dict[str, str] = {
+    "channels-last": "retired: 8 % slower than the default layout on an H200",
+    "cudnn-benchmark": "retired: cuDNN's timed algorithms gained nothing over its heuristics on an H100",
+    "compile-resnets": "retired: it only served the regional compile; compile-unet fuses the ResNet blocks",
+    "modulation-once": "retired as a lever: FLUX computes an image's modulation vectors once by default now",
+    "fp8": "not a lever: use --precision fp8 (DIFFQ_PRECISION=fp8)",
+}
+
+#: what ``--speedups auto`` means on CUDA, for each model family's worker and for an xDiT group:
+#: the one place the defaults are declared (docs/usage.md's lever table shows why each is on).
+#: SDXL: ``empty-negative`` 1.010 -> 1.041 img/s on an H100 through the queue, images within
+#: 1/255. FLUX: its blocks compiled (5.07 -> 3.90 s an image on an H200) and its decoder
+#: (3.76 -> 3.72 s at 1024², 41.0 -> 36.5 GiB at 2048²). A group adds CUDA graphs of its small
+#: calls and of the text encoders (a Ulysses-4 FLUX image 3.37 -> 1.54 s on 4 H100s; one SDXL
+#: prompt's encode 37.3 -> 9.2 ms), docs/groups.md.
+AUTO_SPEEDUPS: dict[str, tuple[str, ...]] = {
+    "sdxl": ("vae-fp16", "compile-unet", "compile-vae", "empty-negative"),
+    "flux": ("vae-fp16", "compile-blocks", "compile-vae"),
+    "sd3": ("compile-blocks", "compile-vae"),
+    "pixart": ("compile-blocks", "compile-vae"),
+    "group": ("vae-fp16", "compile-unet", "compile-vae", "compile-blocks", "cuda-graphs", "encoder-graphs"),
+}
+CUDA_DEFAULT_SPEEDUPS = AUTO_SPEEDUPS["sdxl"]
 
 #: what the denoiser computes in (``--precision`` / ``DIFFQ_PRECISION``); worker/pipelines/fp8.py
 PRECISIONS: dict[str, str] = {
@@ -73,13 +95,10 @@ OFFLOAD_MODES: dict[str, str] = {
     "sequential": "layers streamed to the GPU one at a time (enable_sequential_cpu_offload; ~4 GB, 15x slower)",
 }
 
-#: what ``auto`` means on CUDA for an SDXL-class UNet, chosen by docs/benchmarks.md
-#: (``empty-negative``: 1.010 -> 1.041 img/s on an H100 through the queue, images within 1/255)
-CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-unet", "compile-vae", "empty-negative")
-#: what ``auto`` means on CUDA for a DiT (FLUX): its blocks compiled (5.07 -> 3.90 s an image on an
-#: H200), its modulation vectors computed once an image (3.80 -> 3.76 s) and its decoder compiled
-#: (3.76 -> 3.72 s at 1024², 20.10 -> 19.91 s and 41.0 -> 36.5 GiB at 2048²); docs/groups.md
-DIT_CUDA_DEFAULT_SPEEDUPS = ("vae-fp16", "compile-blocks", "compile-vae", "modulation-once")
+
+def auto_help() -> str:
+    """What ``auto`` means, family by family, for a flag's help."""
+    return "; ".join(f"{name}: {','.join(levers)}" for name, levers in AUTO_SPEEDUPS.items())
 
 
 def speedup_names(text: str) -> frozenset[str]:
@@ -89,6 +108,9 @@ def speedup_names(text: str) -> frozenset[str]:
     if text in ("", "none"):
         return frozenset()
     names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    retired = sorted(names & set(RETIRED_LEVERS))
+    if retired:
+        raise ConfigError(f"--speedups / DIFFQ_SPEEDUPS: {retired[0]} is {RETIRED_LEVERS[retired[0]]}; drop it")
     unknown = names - set(SPEEDUP_LEVERS) - {"auto"}
     if unknown:
         raise ConfigError(

@@ -17,7 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 from common.errors import ConfigError
 from common.presets import DEFAULT_MODEL, OFFLOAD_MODES, PRECISIONS, speedup_names
 
-#: environment variable for each setting
+#: the environment variable of each setting that has one (20 ``DIFFQ_*`` and ``REDIS_URL``:
+#: what a deployment sets once for every process, in .env); the others are flags of the command
+#: that uses them (``--dtype``, ``--keep-finished``, a group's ``--ulysses-degree``, ...).
+#: docs/usage.md's settings table lists exactly these (tests/test_docs.py checks it).
 ENV_NAMES: dict[str, str] = {
     "redis_url": "REDIS_URL",
     "queue": "DIFFQ_QUEUE",
@@ -27,7 +30,6 @@ ENV_NAMES: dict[str, str] = {
     "model": "DIFFQ_MODEL",
     "cache_dir": "DIFFQ_CACHE",
     "device": "DIFFQ_DEVICE",
-    "dtype": "DIFFQ_DTYPE",
     "speedups": "DIFFQ_SPEEDUPS",
     "precision": "DIFFQ_PRECISION",
     "gpu_label": "DIFFQ_GPU",
@@ -35,23 +37,9 @@ ENV_NAMES: dict[str, str] = {
     "lease_scope": "DIFFQ_LEASE_SCOPE",
     "chunk_size": "DIFFQ_CHUNK_SIZE",
     "max_queued": "DIFFQ_MAX_QUEUED",
-    "keep_finished": "DIFFQ_KEEP_FINISHED",
-    "job_timeout": "DIFFQ_JOB_TIMEOUT",
-    "max_retries": "DIFFQ_MAX_RETRIES",
-    "retry_backoff": "DIFFQ_RETRY_BACKOFF",
     "heartbeat_ttl": "DIFFQ_HEARTBEAT_TTL",
     "log_level": "DIFFQ_LOG_LEVEL",
-    "ulysses_degree": "DIFFQ_ULYSSES_DEGREE",
-    "ring_degree": "DIFFQ_RING_DEGREE",
-    "pipefusion_degree": "DIFFQ_PIPEFUSION_DEGREE",
-    "cfg_parallel": "DIFFQ_CFG_PARALLEL",
-    "data_parallel_degree": "DIFFQ_DATA_PARALLEL_DEGREE",
-    "parallel_vae": "DIFFQ_PARALLEL_VAE",
-    "group_jobs_only": "DIFFQ_GROUP_JOBS_ONLY",
-    "group_timeout": "DIFFQ_GROUP_TIMEOUT",
-    "overlap_save": "DIFFQ_OVERLAP_SAVE",
     "compile_cache": "DIFFQ_COMPILE_CACHE",
-    "precompile": "DIFFQ_PRECOMPILE",
     "offload": "DIFFQ_OFFLOAD",
     "gpu_memory": "DIFFQ_GPU_MEMORY",
     "metrics_port": "DIFFQ_METRICS_PORT",
@@ -119,20 +107,9 @@ class Settings:
     #: a worker serves Prometheus metrics on this port (0: off; ``worker launch`` gives each of
     #: its workers the next one)
     metrics_port: int = 0
-    # -- xDiT groups (worker/group): how each image is split over the ranks; flags win
-    ulysses_degree: int = 1
-    ring_degree: int = 1
-    pipefusion_degree: int = 1
-    cfg_parallel: bool = False
-    data_parallel_degree: int = 1
-    #: a DiT group's ranks each decode a slice of the image (xDiT's DistVAE): for 2048² and up,
-    #: where one GPU's decoder memory is the limit
-    parallel_vae: bool = False
     #: a group takes only its campaign's group lane (``producer enqueue --latency``, and jobs too
     #: big for a single worker), never the shared queue: kept free for the jobs that need it
     group_jobs_only: bool = False
-    #: seconds a rank waits for the others inside a job before the group exits
-    group_timeout: int = 300
 
     @staticmethod
     def visible_devices() -> list[str] | None:
@@ -148,12 +125,13 @@ class Settings:
     def load(cls, **flags: Any) -> Settings:
         """Defaults, overridden by the environment, overridden by flags that were given (not None)."""
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = os.environ.get(ENV_NAMES[f.name])
+        known = {f.name: f for f in fields(cls)}
+        for name, variable in ENV_NAMES.items():
+            raw = os.environ.get(variable)
             if raw not in (None, ""):
-                values[f.name] = _convert(f.name, raw, f.type, source=ENV_NAMES[f.name])
+                values[name] = _convert(name, raw, known[name].type, source=variable)
         for name, value in flags.items():
-            if name not in ENV_NAMES:
+            if name not in known:
                 raise TypeError(f"unknown setting {name}")
             if value is not None:
                 values[name] = value
@@ -174,7 +152,7 @@ class Settings:
         if self.max_queued < 0:
             raise ConfigError(f"--max-queued {self.max_queued}: use 0 (no limit) or more")
         if self.keep_finished < 0:
-            raise ConfigError(f"DIFFQ_KEEP_FINISHED={self.keep_finished}: use 0 (RQ's TTL) or more")
+            raise ConfigError(f"--keep-finished {self.keep_finished}: use 0 (RQ's TTL) or more")
         if self.job_timeout < 10:
             raise ConfigError(f"--job-timeout {self.job_timeout}: use at least 10 seconds")
         if not self.queue or ":" in self.queue or len(self.queue) > 100:
@@ -191,9 +169,6 @@ class Settings:
         speedup_names(self.speedups)  # a typo is one line at start-up, before a GPU is leased
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
-        if self.precision == "fp8":  # the FP8 switches: a typo is one line at start-up, not at the first job
-            fp8_convs()
-            fp8_activations()
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in REDIS_SCHEMES:
             raise ConfigError(
@@ -223,9 +198,7 @@ class Settings:
         except ValueError:
             values = []
         if not values or any(v < 0 for v in values):
-            raise ConfigError(
-                f"DIFFQ_RETRY_BACKOFF={self.retry_backoff!r}: use seconds before each retry, e.g. 5,30,120"
-            )
+            raise ConfigError(f"--retry-backoff {self.retry_backoff!r}: use seconds before each retry, e.g. 5,30,120")
         return values
 
     def with_(self, **changes: Any) -> Settings:
@@ -337,41 +310,6 @@ def is_placeholder(secret: str | None) -> bool:
     """Whether ``secret`` is one of .env.example's placeholders: a stack started with one is open
     to anyone who has read the repository, so workers, producer and dashboard refuse it."""
     return bool(secret) and secret.strip().lower().startswith(PLACEHOLDER_PREFIX)
-
-
-def fp8_layer_limits(min_features: int, min_rows: int) -> tuple[int, int]:
-    """The smallest linear layer ``--precision fp8`` takes (worker/pipelines/fp8.py), lowered by
-    ``DIFFQ_FP8_MIN_FEATURES`` / ``DIFFQ_FP8_MIN_ROWS`` for small models (the tests' tiny one is
-    64 wide); the defaults are what pays on an H100."""
-
-    def number(name: str, default: int) -> int:
-        raw = os.environ.get(name, "")
-        try:
-            return int(raw) if raw else default
-        except ValueError:
-            raise ConfigError(f"{name}={raw!r}: use a whole number") from None
-
-    return number("DIFFQ_FP8_MIN_FEATURES", min_features), number("DIFFQ_FP8_MIN_ROWS", min_rows)
-
-
-def fp8_convs() -> bool:
-    """Whether ``--precision fp8`` also runs the denoiser's 3x3 convolutions in FP8 (the Triton
-    kernel in worker/pipelines/fp8_conv.py); ``DIFFQ_FP8_CONVS=0`` keeps them in fp16, as
-    before that kernel, to compare the two."""
-    raw = os.environ.get("DIFFQ_FP8_CONVS", "1").strip()
-    if raw not in ("0", "1"):
-        raise ConfigError(f"DIFFQ_FP8_CONVS={raw!r}: use 1 (FP8 convolutions) or 0 (fp16)")
-    return raw == "1"
-
-
-def fp8_activations() -> bool:
-    """Whether ``--precision fp8`` writes the feed-forward's first GEMM output (GEGLU's gate and
-    value) in FP8 instead of the model's dtype: on an H100 one SDXL UNet call 181.96 -> 178.82 ms,
-    its error unchanged (docs/benchmarks.md); ``DIFFQ_FP8_ACTIVATIONS=0`` writes fp16 as before."""
-    raw = os.environ.get("DIFFQ_FP8_ACTIVATIONS", "1").strip()
-    if raw not in ("0", "1"):
-        raise ConfigError(f"DIFFQ_FP8_ACTIVATIONS={raw!r}: use 1 (FP8 outputs) or 0 (the model's dtype)")
-    return raw == "1"
 
 
 def triton_interpreted() -> bool:

@@ -97,10 +97,11 @@ def param_flags(func: Callable[..., Any]) -> Callable[..., Any]:
               "[env DIFFQ_OUTPUT; default out].")  # fmt: skip
 @click.option("--chunk-size", type=int, help=f"Prompts per job, run as one GPU batch [env DIFFQ_CHUNK_SIZE; "
               f"{_default(Settings, 'chunk_size')}].")  # fmt: skip
-@click.option("--job-timeout", type=int, help=f"Seconds one job may run [env DIFFQ_JOB_TIMEOUT; "
-              f"{_default(Settings, 'job_timeout')}].")  # fmt: skip
-@click.option("--max-retries", type=int, help=f"Retries of a job that failed transiently [env DIFFQ_MAX_RETRIES; "
-              f"{_default(Settings, 'max_retries')}].")  # fmt: skip
+@click.option("--job-timeout", type=int, help=f"Seconds one job may run [{_default(Settings, 'job_timeout')}].")
+@click.option("--max-retries", type=int, help=f"Retries of a job that failed transiently "
+              f"[{_default(Settings, 'max_retries')}].")  # fmt: skip
+@click.option("--retry-backoff", help="Seconds before the 1st, 2nd, ... retry (the last repeats) "
+              f"[{_default(Settings, 'retry_backoff')}].")  # fmt: skip
 @click.option("--max-queued", type=int, help="Keep at most this many jobs queued, waiting for workers to take "
               "some (bounds Redis memory; 0: no limit) "
               f"[env DIFFQ_MAX_QUEUED; {_default(Settings, 'max_queued')}].")  # fmt: skip
@@ -143,6 +144,7 @@ def _enqueue(file: Path, opts: dict[str, Any], say: bool = True) -> None:
         chunk_size=opts["chunk_size"],
         job_timeout=opts["job_timeout"],
         max_retries=opts["max_retries"],
+        retry_backoff=opts["retry_backoff"],
         max_queued=opts["max_queued"],
     )
     defaults = RowDefaults(

@@ -327,7 +327,7 @@ def collect(conn: redis.Redis, queue_name: str, *, details: bool = True, stale_a
     status.for_groups = place.for_groups
     status.queued, status.running, status.scheduled = place.queued, place.running, place.retrying
     status.starting, status.lost = place.starting, place.lost
-    # RQ's registry keeps only the newest finished jobs (DIFFQ_KEEP_FINISHED); the counter has them all
+    # RQ's registry keeps only the newest finished jobs (worker --keep-finished); the counter has them all
     status.finished, status.failed, status.cancelled = max(finished, int(counted or 0)), failed, cancelled
     status.images_written = place.images_written
     status.images_enqueued = place.images_enqueued

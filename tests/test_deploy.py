@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -73,9 +72,9 @@ def test_every_setting_is_in_env_example_with_its_default():
     defaults = Settings()
     # where compose.yaml gives a setting its own default (the group service's degrees), that one
     compose = {name: default for name, op, default in VAR.findall((ROOT / "compose.yaml").read_text()) if op == "-"}
-    for f in fields(Settings):
-        name, default = ENV_NAMES[f.name], getattr(defaults, f.name)
-        if f.name == "cache_dir":
+    for setting, name in ENV_NAMES.items():
+        default = getattr(defaults, setting)
+        if setting == "cache_dir":
             default = "~/.cache/diffq"
         if isinstance(default, bool):
             default = int(default)
@@ -371,10 +370,9 @@ def test_group_service_command_runs_a_group(stack, tmp_path):
     done = subprocess.run([*enqueue, "--output", str(out)], env=producer_env, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     overrides = {"DIFFQ_GROUP_SIZE": "2", "DIFFQ_GROUP_MODEL": "tiny", "DIFFQ_ULYSSES_DEGREE": "1",
-                 "DIFFQ_DATA_PARALLEL_DEGREE": "2"}  # fmt: skip
+                 "DIFFQ_DATA_PARALLEL_DEGREE": "2", "DIFFQ_GROUP_DTYPE": "auto"}  # fmt: skip
     group_env = {**env, **service_env("group", values | overrides), "REDIS_URL": url}
     assert group_env.pop("CUDA_VISIBLE_DEVICES") == "4,5,6,7"  # no GPUs here
-    group_env["DIFFQ_DTYPE"] = "auto"
     cmd = command("group", values | overrides)
     cmd[cmd.index("--nproc-per-node") :] = ["--standalone", *cmd[cmd.index("--nproc-per-node") :]]
     run = subprocess.run(

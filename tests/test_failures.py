@@ -100,8 +100,7 @@ def test_out_of_memory_at_batch_one_fails_at_once(env, conn, tmp_path):
 
 @pytest.mark.slow
 def test_transient_failures_retry_with_backoff_and_burst_waits_for_them(env, conn, tmp_path, monkeypatch):
-    monkeypatch.setenv("DIFFQ_RETRY_BACKOFF", "1,2")
-    out = enqueue(tmp_path, "prompt\na\n", "--max-retries", "3")
+    out = enqueue(tmp_path, "prompt\na\n", "--max-retries", "3", "--retry-backoff", "1,2")
     worker = run_worker({**env, "DIFFQ_FAULT_FAIL_ATTEMPTS": "2"})
     assert worker.returncode == 0
     assert "a retry is scheduled; waiting" in worker.stderr
@@ -113,8 +112,7 @@ def test_transient_failures_retry_with_backoff_and_burst_waits_for_them(env, con
 @pytest.mark.slow
 @pytest.mark.long
 def test_transient_failures_stop_at_the_retry_limit(env, conn, tmp_path, monkeypatch):
-    monkeypatch.setenv("DIFFQ_RETRY_BACKOFF", "1")
-    enqueue(tmp_path, "prompt\na\n", "--max-retries", "1")
+    enqueue(tmp_path, "prompt\na\n", "--max-retries", "1", "--retry-backoff", "1")
     worker = run_worker({**env, "DIFFQ_FAULT_FAIL_ATTEMPTS": "9"})
     assert worker.returncode == 0
     job = only_job(conn, "failed")

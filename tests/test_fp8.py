@@ -2,7 +2,7 @@
 merged adapters, reported by the job and by status; off FP8 hardware, one line and fp16.
 
 Runs diffq's code on the CPU with the tiny model, whose layers are 32-512 wide
-(``DIFFQ_FP8_MIN_FEATURES`` / ``DIFFQ_FP8_MIN_ROWS`` let its linears qualify). Off CUDA the GEMM
+(its own limits, ``fp8.OWN_LIMITS``, let its linears qualify). Off CUDA the GEMM
 is diffq's fp32 reference (:mod:`worker.pipelines.fp8_gemm`), never torch's CPU FP8 kernels,
 whose speed and overflow behaviour depend on the CPU model; ``bench/fp8_gemm.py`` checks the
 reference against ``torch._scaled_mm`` on a GPU. Speed is measured on the GPU
@@ -31,15 +31,13 @@ from worker.pipelines.speedups import Speedups
 from worker.pipelines.warm import WarmPipelines
 
 PARAMS = GenParams(model="tiny", width=64, height=64, steps=4, guidance=5.0)
-SMALL = {"DIFFQ_FP8_MIN_FEATURES": "32", "DIFFQ_FP8_MIN_ROWS": "64"}
 
 
 @pytest.fixture
 def small_layers(monkeypatch):
-    """The tiny model's layers qualify, and its calibration is 4 prompts at 3 steps (what the
-    calibration covers is the same code; 16 prompts at 10 steps took 6.5 s of each test)."""
-    for name, value in SMALL.items():
-        monkeypatch.setenv(name, value)
+    """The tiny model's calibration is 4 prompts at 3 steps (what the calibration covers is the
+    same code; 16 prompts at 10 steps took 6.5 s of each test). Its layers qualify by its own
+    limits (fp8.OWN_LIMITS)."""
     monkeypatch.setattr(fp8, "CALIBRATION_PROMPTS", fp8.CALIBRATION_PROMPTS[:4])
     monkeypatch.setattr(fp8, "CALIBRATION_BATCH", 4)
     monkeypatch.setattr(fp8, "CALIBRATION_STEPS", 3)
@@ -134,7 +132,7 @@ def test_a_transposed_input_reaches_the_gemm_row_major_as_cublaslt_requires(monk
 
 
 def test_a_linear_writing_fp8_returns_its_output_in_the_models_dtype_saturated_not_nan():
-    """``DIFFQ_FP8_ACTIVATIONS``: the GEMM writes FP8 at the calibrated output scale (folded into
+    """``fp8.ACTIVATIONS``: the GEMM writes FP8 at the calibrated output scale (folded into
     the input's scale and the bias); what overshoots saturates at the calibrated magnitude, and
     a bias changed by an adapter is followed once requantized."""
     torch.manual_seed(0)
@@ -242,8 +240,7 @@ def test_fp8_images_stay_close_to_the_fp32_ones_and_leave_the_short_and_text_lay
 
 def test_the_feed_forwards_activation_inputs_are_written_in_fp8_when_asked(small_layers, fp8_cache, monkeypatch):
     """The linears that feed GEGLU are calibrated at their outputs too; by default exactly those
-    write FP8, and the images stay close to fp32's; ``DIFFQ_FP8_ACTIVATIONS=0`` writes none, and
-    a bad value is one line naming the variable."""
+    write FP8, and the images stay close to fp32's; without ``fp8.ACTIVATIONS`` none does."""
     plain = images(WarmPipelines(str(fp8_cache), device="cpu"))
     cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
     quantized = images(cache)
@@ -258,14 +255,11 @@ def test_the_feed_forwards_activation_inputs_are_written_in_fp8_when_asked(small
     assert {name + fp8.OUTPUT for name in writing} == {k for k in scales if k.endswith(fp8.OUTPUT)}
     for a, b in zip(plain, quantized, strict=True):
         assert psnr(a, b) > 25, psnr(a, b)
-    monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "0")
+    monkeypatch.setattr(fp8, "ACTIVATIONS", False)
     cache = WarmPipelines(str(fp8_cache), device="cpu", precision="fp8")
     images(cache)
     assert not any(getattr(m, "fp8_output", False) for m in cache.get("tiny")[0].pipe.unet.modules())
     assert not any("gelu" in m.__dict__ for m in cache.get("tiny")[0].pipe.unet.modules())
-    monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "yes")
-    with pytest.raises(ConfigError, match=r"DIFFQ_FP8_ACTIVATIONS='yes': use 1 \(FP8 outputs\) or 0"):
-        fp8.quantize(cache.get("tiny")[0].pipe, {})
 
 
 def test_the_tanh_gelu_is_the_tanh_approximation_within_5e_4_of_the_exact_one_and_finite_in_fp16():
@@ -334,22 +328,16 @@ def test_a_gpu_without_fp8_gets_one_line_and_fp16(monkeypatch, caplog):
 
 
 def test_an_unknown_precision_is_one_line_naming_the_flag(monkeypatch):
-    from common.errors import ConfigError
     from common.settings import Settings
 
     monkeypatch.setenv("DIFFQ_PRECISION", "fp4")
     with pytest.raises(ConfigError, match=r"--precision 'fp4': use one of fp16, fp8"):
         Settings.load()
-    # and an FP8 switch mistyped is one line when the worker starts, not at its first job
-    monkeypatch.setenv("DIFFQ_PRECISION", "fp8")
-    monkeypatch.setenv("DIFFQ_FP8_ACTIVATIONS", "on")
-    with pytest.raises(ConfigError, match=r"DIFFQ_FP8_ACTIVATIONS='on': use 1"):
-        Settings.load()
 
 
 @pytest.mark.worker
 def test_a_worker_run_with_precision_fp8_says_so_in_each_job_result(env, tmp_path, conn, fp8_cache):
-    env = {**env, **SMALL, "DIFFQ_CACHE": str(fp8_cache)}
+    env = {**env, "DIFFQ_CACHE": str(fp8_cache)}
     prompts = write_csv(tmp_path / "p.csv", "prompt\na red fox\na blue bird\n")
     out = tmp_path / "out"
     assert producer("enqueue", prompts, "--output", out, *TINY_FLAGS, "--chunk-size", "1").exit_code == 0

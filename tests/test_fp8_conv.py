@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from conftest import interpreted
 
-from common.errors import ConfigError
 from worker.pipelines import fp8, fp8_conv
 
 E4M3 = torch.float8_e4m3fn
@@ -136,22 +135,20 @@ def test_the_compiler_traces_the_layer_as_one_op_and_the_output_keeps_the_inputs
     ],
 )
 def test_which_convolutions_fp8_takes(monkeypatch, module, taken):
-    monkeypatch.setenv("DIFFQ_FP8_MIN_FEATURES", "32")
+    monkeypatch.setattr(fp8, "MIN_FEATURES", 32)
     assert fp8.conv_candidate(module) is taken
 
 
-def test_diffq_fp8_convs_0_keeps_convolutions_in_fp16_and_a_bad_value_is_one_line(monkeypatch):
-    monkeypatch.setenv("DIFFQ_FP8_MIN_FEATURES", "32")
-    monkeypatch.setenv("DIFFQ_FP8_CONVS", "0")
+def test_without_fp8_convs_the_convolutions_stay_fp16(monkeypatch):
+    monkeypatch.setattr(fp8, "MIN_FEATURES", 32)
+    assert fp8.quantizable("down.conv", torch.nn.Conv2d(32, 48, 3, padding=1))
+    monkeypatch.setattr(fp8, "CONVS", False)
     assert not fp8.quantizable("down.conv", torch.nn.Conv2d(32, 48, 3, padding=1))
-    monkeypatch.setenv("DIFFQ_FP8_CONVS", "yes")
-    with pytest.raises(ConfigError, match=r"DIFFQ_FP8_CONVS='yes': use 1 \(FP8 convolutions\) or 0 \(fp16\)"):
-        fp8.quantizable("down.conv", torch.nn.Conv2d(32, 48, 3, padding=1))
 
 
 def test_without_triton_on_a_gpu_the_convolutions_stay_fp16_with_one_line(monkeypatch, caplog):
     """A CUDA torch brings Triton; an image that lacks it still serves, the convolutions in fp16."""
-    monkeypatch.setenv("DIFFQ_FP8_MIN_FEATURES", "32")
+    monkeypatch.setattr(fp8, "MIN_FEATURES", 32)
     model = torch.nn.Sequential(torch.nn.Conv2d(32, 48, 3, padding=1), torch.nn.Linear(48, 48))
     pipe = type("Pipe", (), {"unet": model})()
     monkeypatch.setattr(fp8_conv, "available", lambda device: False)

@@ -24,7 +24,6 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.serializers import JSONSerializer
 
 from common.errors import ConfigError
-from common.settings import Settings
 from worker.group.config import GroupLayout, dp_slice
 
 #: about 4 s a job on 2 CPU cores, so a kill or a signal lands mid-denoising
@@ -74,25 +73,16 @@ def assert_exactly_once(output: Path, expected: int) -> None:
 # -- the layout (pure logic) ------------------------------------------------------------------
 
 
-def test_layout_arithmetic_names_every_degree(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DIFFQ_ULYSSES_DEGREE", "DIFFQ_CFG_PARALLEL", "DIFFQ_DATA_PARALLEL_DEGREE"):
-        monkeypatch.delenv(name, raising=False)
-    layout = GroupLayout.load(Settings.load(), ulysses_degree=2, ring_degree=2, cfg_parallel=True)
+def test_layout_arithmetic_names_every_degree() -> None:
+    layout = GroupLayout.load(ulysses_degree=2, ring_degree=2, cfg_parallel=True)
     assert layout.size == 8
     with pytest.raises(ConfigError) as err:
         layout.check_world(4)
     assert "ulysses 2 × ring 2 × pipefusion 1 × data-parallel 1 × cfg-parallel 2 = 8, not 4" in str(err.value)
-    GroupLayout.load(Settings.load(), data_parallel_degree=4).check_world(4)
-
-
-def test_layout_from_environment_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DIFFQ_ULYSSES_DEGREE", "4")
-    monkeypatch.setenv("DIFFQ_CFG_PARALLEL", "1")
-    assert GroupLayout.load(Settings.load()).size == 8
-    assert GroupLayout.load(Settings.load(), ulysses_degree=2).size == 4
-    monkeypatch.setenv("DIFFQ_RING_DEGREE", "two")
-    with pytest.raises(ConfigError, match="DIFFQ_RING_DEGREE='two': ring_degree must be a whole number"):
-        Settings.load()  # read and checked with every other setting, at start-up
+    GroupLayout.load(data_parallel_degree=4).check_world(4)
+    assert GroupLayout.load(ulysses_degree=None, cfg_parallel=False).size == 1  # a flag not given keeps its default
+    with pytest.raises(ConfigError, match="--ring-degree must be at least 1, not 0"):
+        GroupLayout.load(ring_degree=0)
 
 
 def test_dp_slices_cover_the_batch_once() -> None:
@@ -203,17 +193,14 @@ def test_flux_ulysses_group_makes_the_single_worker_image_and_refuses_a_size_tha
     """A FLUX group with Ulysses over both ranks (diffusers' own split, worker/group/token_split.py;
     no xDiT): through the queue, its images are the single worker's; a job whose image tokens do
     not split over the ranks fails at once, for good, with the sizes that do. The group also
-    tables its modulation vectors (``modulation-once``, a FLUX group's default on GPUs; the
-    single worker computes them at every step)."""
+    tables its modulation vectors (``modulation-once``, FLUX's own, as the single worker does)."""
     model = tiny_flux(tmp_path / "tiny-flux")
     flags = ("--model", str(model), "--width", "64", "--height", "64", "--steps", "2", "--guidance", "3.5")
     prompts = tmp_path / "prompts.csv"
     prompts.write_text("prompt,width,height\na red fox,,\nStraße im Regen,,\nan odd size,72,72\n")
     group_out = tmp_path / "out"
     assert producer("enqueue", prompts, *flags, "--output", group_out).exit_code == 0
-    result = run_group(
-        {**env, "DIFFQ_SPEEDUPS": "modulation-once"}, "--model", str(model), "--ulysses-degree", "2", "--burst"
-    )
+    result = run_group(env, "--model", str(model), "--ulysses-degree", "2", "--burst")
     assert result.returncode == 0, result.stderr[-3000:]
     # the split's all-to-alls are functional collectives, whose tensors gloo's threads let go of on
     # their own time: a rank that ended through the interpreter's finalization could abort (SIGABRT)

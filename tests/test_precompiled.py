@@ -57,7 +57,7 @@ def test_a_file_key_changes_with_the_module_the_levers_and_the_signature():
 
 def test_fp8_layers_that_differ_only_by_their_buffers_get_different_files():
     """An FP8 linear writing FP8 has an output scale the one writing fp16 lacks: the same classes
-    and parameters, another graph (``DIFFQ_FP8_ACTIVATIONS``)."""
+    and parameters, another graph (``fp8.ACTIVATIONS``)."""
     from worker.pipelines import fp8
 
     def quantized(output_amax: float | None) -> Small:

@@ -1,5 +1,5 @@
 """What keeps a 10^7-image campaign inside one Redis, at a small scale: at most --max-queued jobs
-queued, finished jobs retired past DIFFQ_KEEP_FINISHED (counted, not kept), a checked file not
+queued, finished jobs retired past --keep-finished (counted, not kept), a checked file not
 checked again; and the exactly-once guarantees still hold through all of it (real redis-server,
 real producer and worker processes). bench/campaign_scale.py runs the same at 10^7."""
 
@@ -83,7 +83,7 @@ def test_finished_jobs_past_keep_finished_are_deleted_and_counted(env, conn, tmp
     path = prompts(tmp_path, 10)
     out = tmp_path / "out"
     assert producer("enqueue", path, *TINY_FLAGS, "--output", out, "--chunk-size", "2").exit_code == 0
-    assert run_worker({**env, "DIFFQ_KEEP_FINISHED": "2"}).returncode == 0
+    assert run_worker(env, "--keep-finished", "2").returncode == 0
     registry = FinishedJobRegistry("diffq", connection=conn)
     assert registry.count == 2
     assert len(conn.keys("rq:job:*")) == 2 and len(conn.keys("rq:results:*")) == 2  # the other 3 are gone

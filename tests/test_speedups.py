@@ -128,8 +128,11 @@ def test_auto_means_the_levers_of_the_models_family_and_only_its_levers_apply():
     """A FLUX worker's ``auto`` is a DiT's defaults (its blocks and decoder compiled, its
     modulation once an image), not SDXL's, which it cannot take; levers named beside ``auto`` stay
     where the family's code applies them; a lever a family has no code for is left out (an SDXL
-    lever named for FLUX, any lever for the generic family). The family is the pipeline's class."""
-    from common.presets import DIT_CUDA_DEFAULT_SPEEDUPS as DIT_DEFAULT
+    lever named for FLUX, any lever for the generic family); a family's own (FLUX's modulation
+    table) applies whatever is named, on the CPU too. The family is the pipeline's class."""
+    from common.presets import AUTO_SPEEDUPS
+
+    dit_default = frozenset(AUTO_SPEEDUPS["flux"])
 
     def pipe(name: str) -> object:
         return type(name, (), {})()
@@ -138,7 +141,7 @@ def test_auto_means_the_levers_of_the_models_family_and_only_its_levers_apply():
     other = pipe("SanaPipeline")
     auto = Speedups.parse("auto,cuda-graphs", torch.device("cuda"))
     assert auto.for_pipeline(sdxl).levers == frozenset(CUDA_DEFAULT) | {"cuda-graphs"}
-    assert auto.for_pipeline(flux).levers == frozenset(DIT_DEFAULT) | {"cuda-graphs"}
+    assert auto.for_pipeline(flux).levers == dit_default | {"cuda-graphs", "modulation-once"}
     assert auto.for_pipeline(sd3).levers == {"compile-blocks", "compile-vae"}
     assert auto.for_pipeline(other).levers == frozenset()
     assert auto.per_kind() == (  # the worker's first line, before it knows its model
@@ -146,25 +149,27 @@ def test_auto_means_the_levers_of_the_models_family_and_only_its_levers_apply():
         "compile-blocks,compile-vae,cuda-graphs,modulation-once,vae-fp16 for FLUX, "
         "compile-blocks,compile-vae for SD3 and PixArt"
     )
-    assert set(DIT_DEFAULT) == {"vae-fp16", "compile-blocks", "compile-vae", "modulation-once"}
+    assert dit_default == {"vae-fp16", "compile-blocks", "compile-vae"}
     named = Speedups.parse("vae-fp16,compile-unet", torch.device("cuda"))
     assert named.for_pipeline(sdxl).levers == named.levers
-    assert named.for_pipeline(flux).levers == {"vae-fp16"}  # FLUX has no UNet to compile whole
+    assert named.for_pipeline(flux).levers == {"vae-fp16", "modulation-once"}  # FLUX has no UNet to compile whole
     assert named.for_pipeline(other).levers == frozenset()
-    assert Speedups.parse("auto", torch.device("cpu")).for_pipeline(flux).levers == frozenset()
+    assert Speedups.parse("auto", torch.device("cpu")).for_pipeline(flux).levers == {"modulation-once"}
+    assert Speedups.parse("none", torch.device("cpu")).for_pipeline(sdxl).levers == frozenset()
 
 
-def test_cudnn_benchmark_is_switched_on_by_its_lever_only(cache_dir, monkeypatch):
-    """cuDNN times its conv algorithms only when asked (a process-wide switch); asking is a lever,
-    measured like the others, not a side effect of loading a pipeline."""
-    from worker.pipelines.speedups import apply
+@pytest.mark.parametrize("lever", ["channels-last", "cudnn-benchmark", "compile-resnets", "modulation-once", "fp8"])
+def test_a_retired_lever_is_refused_with_its_reason_at_start(lever: str) -> None:
+    """A lever that no longer pays is gone from ``--speedups`` (at most 9 levers, each with a
+    measured gain); a user whose .env still names one reads why in one line, before a GPU is leased."""
+    from common.errors import ConfigError
+    from common.presets import RETIRED_LEVERS, SPEEDUP_LEVERS
+    from common.settings import Settings
 
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    loaded, _ = WarmPipelines(str(cache_dir), device="cpu").get("tiny")
-    apply(loaded.pipe, Speedups.parse("vae-fp16", torch.device("cpu")))
-    assert torch.backends.cudnn.benchmark is False
-    apply(loaded.pipe, Speedups.parse("vae-fp16,cudnn-benchmark", torch.device("cpu")))
-    assert torch.backends.cudnn.benchmark is True
+    assert lever not in SPEEDUP_LEVERS and len(SPEEDUP_LEVERS) <= 9
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(speedups=f"vae-fp16,{lever}")
+    assert str(caught.value) == f"--speedups / DIFFQ_SPEEDUPS: {lever} is {RETIRED_LEVERS[lever]}; drop it"
 
 
 COMPILE_SCRIPT = """
@@ -331,7 +336,7 @@ def test_a_ring_groups_defaults_fuse_qkv_and_no_other_layouts_do():
     assert "fuse-qkv" not in defaults
     ring = GroupLayout(ring_degree=2)
     assert speedup_names(group_speedups("auto", ring, cuda=True)) == defaults | {"fuse-qkv"}
-    assert speedup_names(group_speedups("auto,fp8", ring, cuda=True)) == defaults | {"fuse-qkv", "fp8"}
+    assert speedup_names(group_speedups("auto,cuda-graphs", ring, cuda=True)) == defaults | {"fuse-qkv"}
     assert speedup_names(group_speedups("auto", GroupLayout(ulysses_degree=2, ring_degree=2), cuda=True)) == (
         defaults | {"fuse-qkv"}
     )

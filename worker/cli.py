@@ -14,7 +14,7 @@ import click
 import redis
 
 from common.errors import ConfigError, DiffqError
-from common.presets import CUDA_DEFAULT_SPEEDUPS, DIT_CUDA_DEFAULT_SPEEDUPS, OFFLOAD_MODES, PRECISIONS, SPEEDUP_LEVERS
+from common.presets import OFFLOAD_MODES, PRECISIONS, SPEEDUP_LEVERS, auto_help
 from common.queues import PATIENCE_FOREVER, WARM_STOP_REDIS_S, WAY_OUT, connect, get_queue
 from common.settings import Settings, redact
 
@@ -37,14 +37,12 @@ def run_options(func: Any) -> Any:
     options = [
         click.option("--queue", help="Queue to serve [env DIFFQ_QUEUE; default diffq]."),
         click.option("--redis-url", help="redis://[user:password@]host:port/db or rediss:// [env REDIS_URL]."),
-        click.option("--dtype", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16 [DIFFQ_DTYPE]."),
+        click.option("--dtype", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16 [auto]."),
         click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq]."),
         click.option(
             "--speedups",
             help=f"auto, none, or a list of {', '.join(SPEEDUP_LEVERS)}; auto in a list adds the defaults "
-            f"[DIFFQ_SPEEDUPS; auto: {','.join(CUDA_DEFAULT_SPEEDUPS)} on CUDA for SDXL, "
-            f"{','.join(DIT_CUDA_DEFAULT_SPEEDUPS)} for FLUX, compile-blocks,compile-vae for SD3 and PixArt, "
-            "none for other pipelines and on the CPU].",
+            f"[DIFFQ_SPEEDUPS; auto on CUDA: {auto_help()}; none for other pipelines and on the CPU].",
         ),
         click.option(
             "--precision",
@@ -83,6 +81,22 @@ def run_options(func: Any) -> Any:
             help="Serve Prometheus metrics (images, jobs, job time, failures, pauses) on this port; launch gives "
             "each worker the next one [DIFFQ_METRICS_PORT; 0: off].",
         ),
+        click.option(
+            "--keep-finished",
+            type=click.IntRange(min=0),
+            help="Finished jobs kept for rq-dashboard; older ones are deleted (the ledger keeps the counts) "
+            "[10000; 0: RQ's result TTL].",
+        ),
+        click.option(
+            "--overlap-save/--no-overlap-save",
+            default=None,
+            help="Write a job's images on a thread while the next job denoises [on].",
+        ),
+        click.option(
+            "--precompile/--no-precompile",
+            default=None,
+            help="Keep the compiled UNet and decoder as files a restarted worker loads [on].",
+        ),
         click.option("--burst", is_flag=True, help="Exit when the queue is empty."),
         click.option("--max-jobs", type=int, help="Exit after this many jobs."),
     ]
@@ -118,6 +132,9 @@ def run(**opts: Any) -> None:
             offload=opts["offload"],
             gpu_memory=opts["gpu_memory"],
             metrics_port=opts["metrics_port"],
+            keep_finished=opts["keep_finished"],
+            overlap_save=opts["overlap_save"],
+            precompile=opts["precompile"],
         )
         lease = None
         # until RQ installs its handlers, SIGTERM or Ctrl-C must still unwind (and release the
@@ -286,10 +303,14 @@ def launch(gpus: str, **opts: Any) -> None:
         "compile_cache",
         "offload",
         "gpu_memory",
+        "keep_finished",
     )
     for name in (*names, "preload", "max_models", "max_jobs"):
         if opts[name] is not None:
             run_args += [f"--{name.replace('_', '-')}", str(opts[name])]
+    for name in ("overlap_save", "precompile"):  # the switches: --name or --no-name
+        if opts[name] is not None:
+            run_args.append(f"--{'' if opts[name] else 'no-'}{name.replace('_', '-')}")
     if opts["burst"]:
         run_args.append("--burst")
     sys.exit(Launcher(slots, run_args, burst=opts["burst"]).run())

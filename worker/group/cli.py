@@ -83,49 +83,49 @@ def _launcher_store() -> Any:
     "--ulysses-degree",
     "--ulysses_degree",
     type=int,
-    help="Ulysses sequence parallel (DiT) [DIFFQ_ULYSSES_DEGREE].",
+    help="Ulysses sequence parallel (DiT) [1].",
 )
-@click.option("--ring-degree", "--ring_degree", type=int, help="Ring sequence parallel (DiT) [DIFFQ_RING_DEGREE].")
+@click.option("--ring-degree", "--ring_degree", type=int, help="Ring sequence parallel (DiT) [1].")
 @click.option(
     "--pipefusion-degree",
     "--pipefusion-parallel-degree",
     "--pipefusion_parallel_degree",
     type=int,
-    help="PipeFusion patch pipeline (DiT) [DIFFQ_PIPEFUSION_DEGREE].",
+    help="PipeFusion patch pipeline (DiT) [1].",
 )
 @click.option(
     "--cfg-parallel",
     "--use_cfg_parallel",
     is_flag=True,
     default=None,
-    help="Split the CFG pass over 2 ranks (SDXL) [DIFFQ_CFG_PARALLEL=1].",
+    help="Split the CFG pass over 2 ranks (SDXL).",
 )
 @click.option(
     "--data-parallel-degree",
     "--data_parallel_degree",
     type=int,
-    help="Groups of ranks that each make part of a batch [DIFFQ_DATA_PARALLEL_DEGREE].",
+    help="Groups of ranks that each make part of a batch [1].",
 )
 @click.option(
     "--parallel-vae",
     "--use_parallel_vae",
     is_flag=True,
     default=None,
-    help="Every rank decodes a slice of each image (DiT; xDiT's DistVAE), for 2048² and up [DIFFQ_PARALLEL_VAE=1].",
+    help="Every rank decodes a slice of each image (DiT; xDiT's DistVAE), for 2048² and up.",
 )
 @click.option(
     "--group-jobs-only",
     is_flag=True,
     default=None,
-    help="Take only the queue's group lane (jobs for groups), not the shared queue [DIFFQ_GROUP_JOBS_ONLY=1].",
+    help="Take only the queue's group lane (jobs for groups), not the shared queue.",
 )
 @click.option(
     "--timeout",
     "timeout_s",
     type=int,
-    help=f"Seconds a rank waits for the others, then exits [DIFFQ_GROUP_TIMEOUT; {DEFAULT_TIMEOUT_S}].",
+    help=f"Seconds a rank waits for the others, then exits [{DEFAULT_TIMEOUT_S}].",
 )
-@click.option("--dtype", help="auto (fp16 on CUDA; bf16 for flux-random), float32, float16, bfloat16 [DIFFQ_DTYPE].")
+@click.option("--dtype", help="auto (fp16 on CUDA; bf16 for flux-random), float32, float16, bfloat16.")
 @click.option("--device", help="auto (each rank's GPU, else CPU with gloo) or cpu [env DIFFQ_DEVICE].")
 @click.option("--cache-dir", help="Where presets are written [env DIFFQ_CACHE; ~/.cache/diffq].")
 @click.option("--name", help="Worker name in rq-dashboard [default diffq-group-<gpus>-<host>-<pid>].")
@@ -144,7 +144,6 @@ def main(**opts: Any) -> None:
             group_jobs_only=opts["group_jobs_only"],
         )
         layout = GroupLayout.load(
-            settings,
             ulysses_degree=opts["ulysses_degree"],
             ring_degree=opts["ring_degree"],
             pipefusion_degree=opts["pipefusion_degree"],

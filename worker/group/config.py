@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import ConfigError
-from common.settings import Settings
 
 #: seconds a rank waits in one of the group's own collectives before it calls the group lost. It must
 #: exceed the longest wait of one rank for another inside a batch (a data-parallel rank with a
@@ -30,18 +29,9 @@ class GroupLayout:
     timeout_s: int = DEFAULT_TIMEOUT_S
 
     @classmethod
-    def load(cls, settings: Settings, **flags: int | bool | None) -> GroupLayout:
-        """Flags first, then the settings (``DIFFQ_ULYSSES_DEGREE``, ... read by common/settings.py)."""
-        values: dict[str, int | bool] = {
-            "ulysses_degree": settings.ulysses_degree,
-            "ring_degree": settings.ring_degree,
-            "pipefusion_degree": settings.pipefusion_degree,
-            "cfg_parallel": settings.cfg_parallel,
-            "data_parallel_degree": settings.data_parallel_degree,
-            "parallel_vae": settings.parallel_vae,
-            "timeout_s": settings.group_timeout,
-        }
-        values |= {name: flag for name, flag in flags.items() if flag is not None and flag is not False}
+    def load(cls, **flags: int | bool | None) -> GroupLayout:
+        """The layout the group's flags give (``--ulysses-degree``, ...; one unset keeps its default)."""
+        values = {name: flag for name, flag in flags.items() if flag is not None and flag is not False}
         layout = cls(**values)  # type: ignore[arg-type]
         for name in ("ulysses_degree", "ring_degree", "pipefusion_degree", "data_parallel_degree", "timeout_s"):
             if getattr(layout, name) < 1:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from common.errors import ConfigError
 from common.jobspec import GenParams
-from common.presets import speedup_names
+from common.presets import AUTO_SPEEDUPS, speedup_names
 from common.settings import Settings
 from worker.group import split_decode, token_split
 from worker.group.comm import Answer
@@ -44,16 +44,12 @@ from worker.serving.failures import classify
 log = logging.getLogger("diffq.group")
 
 
-#: what ``--speedups auto`` means for a group on CUDA: an SDXL group takes the single worker's
-#: levers (the whole UNet and the decoder compiled; compile-blocks is left out where compile-unet
-#: applies) and replays the UNet's small calls as CUDA graphs (a CFG pair at batch 1 launches the
-#: kernels of a whole image for half the rows: the host is its limit); a FLUX group compiles its
-#: transformer's blocks (the UNet levers do not apply to it) and, split with Ulysses, replays each
-#: transformer call as one CUDA graph, and computes an image's modulation vectors at its first step.
-#: Every rank encodes its prompts whole, with the text encoders' calls replayed as CUDA graphs: one
-#: SDXL prompt's encode took 37.3 ms eager and 9.2 ms graphed, one FLUX prompt's 33.6 and 27.0 ms
-#: (one H200, bench/encode_graphs.py; SDXL's image at batch 1 1.071 / 1.075 -> 1.061 / 1.072 s)
-GROUP_CUDA_DEFAULT = "vae-fp16,compile-unet,compile-vae,compile-blocks,cuda-graphs,encoder-graphs,modulation-once"
+#: what ``--speedups auto`` means for a group on CUDA (common/presets.AUTO_SPEEDUPS, where every
+#: default is declared): an SDXL group takes the single worker's compiled UNet and decoder and
+#: replays the UNet's small calls as CUDA graphs (a CFG pair at batch 1 launches a whole image's
+#: kernels for half the rows: the host is its limit); a FLUX group compiles its blocks and, split
+#: with Ulysses, replays each transformer call as one graph; every rank's text encoders are graphed
+GROUP_CUDA_DEFAULT = ",".join(AUTO_SPEEDUPS["group"])
 #: a FLUX call's rows are its images (no CFG batch): every call of a Ulysses group is graphed.
 #: Why (FLUX 1024², 28 steps, compiled blocks, docs/groups.md): each rank launches the split's
 #: all-to-alls and layout copies beside the blocks' kernels, and the GPUs waited on the host:

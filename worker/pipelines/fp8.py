@@ -17,14 +17,14 @@ negative prompt); those stay in the model's dtype.
 GEGLU: the first feed-forward GEMM's output (gate and value, eight times the block's width) is
 written in FP8 at a calibrated scale and read back by the activation, which the compiler fuses
 with the next linear's quantization; on an H100 one UNet call 181.96 -> 178.82 ms with the
-error unchanged (``DIFFQ_FP8_ACTIVATIONS=0`` writes fp16). That activation computes GELU in its
+error unchanged (:data:`ACTIVATIONS`). That activation computes GELU in its
 tanh form (:data:`FAST_GELU`): its kernel was bound by the exact GELU's ``erf``, and the call went
 181.97 -> 175.91 ms.
 
 Convolutions: the denoiser's 3x3 convolutions (a fifth of an SDXL UNet step) run in FP8 too,
 through the implicit-GEMM Triton kernel of :mod:`worker.pipelines.fp8_conv` (1.27x cuDNN's fp16
 over one UNet call's convolutions on an H100), with static scales the same way; 1x1 and the
-few-channel ``conv_in``/``conv_out`` stay in fp16. ``DIFFQ_FP8_CONVS=0`` keeps all of them in fp16.
+few-channel ``conv_in``/``conv_out`` stay in fp16 (:data:`CONVS`).
 
 Adapters: each :class:`StaticFP8Linear` (and :class:`StaticFP8Conv2d`) keeps its fp16
 ``weight``; adapters merge into that
@@ -47,12 +47,12 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from common.settings import fp8_activations, fp8_convs, fp8_layer_limits
 from worker.pipelines import fp8_conv
 from worker.pipelines.fp8_gemm import E4M3, E4M3_MAX, scaled_mm
 
@@ -60,11 +60,33 @@ log = logging.getLogger("diffq.worker")
 #: FP8 GEMMs on NVIDIA GPUs need Ada (sm_89) or Hopper (sm_90) tensor cores
 FP8_CAPABILITY = (8, 9)
 #: a linear narrower than this stays in the model's dtype: its GEMM is too small to gain
-#: (``DIFFQ_FP8_MIN_FEATURES`` lowers it for small models: the tests' tiny one is 64 wide)
 MIN_FEATURES = 640
-#: nor one that calibration saw called with fewer rows (time embeddings: one row per image;
-#: ``DIFFQ_FP8_MIN_ROWS``)
+#: nor one that calibration saw called with fewer rows (time embeddings: one row per image)
 MIN_ROWS = 1024
+#: the 3x3 convolutions in FP8 too (the Triton kernel); False keeps them in fp16, as before it
+CONVS = True
+#: the feed-forward's first GEMM writes its output (GEGLU's gate and value) in FP8; False: fp16
+ACTIVATIONS = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The smallest layer FP8 takes: ``features`` wide (a convolution half as many channels)
+    and called with ``rows`` rows at least. The defaults are what pays on an H100."""
+
+    features: int = MIN_FEATURES
+    rows: int = MIN_ROWS
+
+
+#: the tiny presets' own limits: their layers are 32-64 wide, so the CPU tests and the demo run
+#: the FP8 path of a real model (its calibration, kernels and scale files) at a small size
+OWN_LIMITS: dict[str, Limits] = {name: Limits(32, 64) for name in ("tiny", "tiny-sd3", "tiny-pixart")}
+
+
+def limits_for(model: str) -> Limits:
+    return OWN_LIMITS.get(model) or Limits(MIN_FEATURES, MIN_ROWS)
+
+
 #: a scale is never taken from less than this amax (an all-zero calibration input)
 MIN_AMAX = 1e-4
 #: calibration: prompts, a batch of them at a time, and steps spread over the whole schedule
@@ -304,7 +326,7 @@ def denoiser(pipe: Any) -> torch.nn.Module:
     return module
 
 
-def candidate(name: str, module: torch.nn.Module) -> bool:
+def candidate(name: str, module: torch.nn.Module, limits: Limits | None = None) -> bool:
     """A linear worth calibrating: wide enough, shaped for FP8 tensor cores (multiples of 16),
     and not cross-attention's key or value (they read the 77 text tokens)."""
     if type(module) is not torch.nn.Linear:
@@ -312,7 +334,7 @@ def candidate(name: str, module: torch.nn.Module) -> bool:
     if name.endswith(("attn2.to_k", "attn2.to_v")):
         return False
     dims = (module.in_features, module.out_features)
-    least, _ = fp8_layer_limits(MIN_FEATURES, MIN_ROWS)
+    least = (limits or Limits(MIN_FEATURES, MIN_ROWS)).features
     return min(dims) >= least and all(d % 16 == 0 for d in dims)
 
 
@@ -323,7 +345,7 @@ def feeds_activation(name: str, model: torch.nn.Module) -> bool:
     return attribute == "proj" and type(parent).__name__ in ACTIVATIONS
 
 
-def conv_candidate(module: torch.nn.Module) -> bool:
+def conv_candidate(module: torch.nn.Module, limits: Limits | None = None) -> bool:
     """A convolution the FP8 kernel takes and that gains from it: 3x3, plain (one group, no
     dilation, zero padding the same on every side), and at least half as many channels as a
     linear needs features (its GEMM is 9 times as deep: SDXL's 320-channel convolutions are its
@@ -334,19 +356,19 @@ def conv_candidate(module: torch.nn.Module) -> bool:
         return False
     if isinstance(module.padding, str) or len(set(module.padding)) != 1 or len(set(module.stride)) != 1:
         return False
-    least, _ = fp8_layer_limits(MIN_FEATURES, MIN_ROWS)
+    least = (limits or Limits(MIN_FEATURES, MIN_ROWS)).features
     channels = (module.in_channels, module.out_channels)
     return min(channels) >= least // 2 and all(c % 16 == 0 for c in channels)
 
 
-def quantizable(name: str, module: torch.nn.Module) -> bool:
-    """A layer :func:`calibrate` measures: a linear :func:`candidate` or, unless
-    ``DIFFQ_FP8_CONVS=0``, a :func:`conv_candidate`."""
-    return candidate(name, module) or (fp8_convs() and conv_candidate(module))
+def quantizable(name: str, module: torch.nn.Module, limits: Limits | None = None) -> bool:
+    """A layer :func:`calibrate` measures: a linear :func:`candidate` or, with :data:`CONVS`, a
+    :func:`conv_candidate`."""
+    return candidate(name, module, limits) or (CONVS and conv_candidate(module, limits))
 
 
 @torch.no_grad()
-def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
+def calibrate(pipe: Any, width: int, height: int, limits: Limits | None = None) -> dict[str, float]:
     """Each candidate linear's largest input magnitude over :data:`CALIBRATION_PROMPTS`, denoised
     in the model's dtype for :data:`CALIBRATION_STEPS` steps (so every part of the schedule is
     seen) at ``width`` x ``height`` with CFG 5. Layers that were called with fewer than
@@ -373,9 +395,9 @@ def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
         return hook
 
     for name, module in model.named_modules():
-        if quantizable(name, module):
+        if quantizable(name, module, limits):
             handles.append(module.register_forward_pre_hook(recorder(name)))
-            if candidate(name, module) and feeds_activation(name, model):
+            if candidate(name, module, limits) and feeds_activation(name, model):
                 handles.append(module.register_forward_hook(output_recorder(name)))
     try:
         prompts = list(CALIBRATION_PROMPTS)
@@ -393,17 +415,17 @@ def calibrate(pipe: Any, width: int, height: int) -> dict[str, float]:
     finally:
         for handle in handles:
             handle.remove()
-    _, least = fp8_layer_limits(MIN_FEATURES, MIN_ROWS)
+    least = (limits or Limits(MIN_FEATURES, MIN_ROWS)).rows
     return {name: value for name, value in amax.items() if rows[name.removesuffix(OUTPUT)] >= least}
 
 
-def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor") -> int:
+def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor", limits: Limits | None = None) -> int:
     """Replace each calibrated linear by a :class:`StaticFP8Linear` and each calibrated
-    convolution by a :class:`StaticFP8Conv2d` (unless ``DIFFQ_FP8_CONVS=0``); returns how many.
-    A linear with a calibrated output writes it in FP8 (unless ``DIFFQ_FP8_ACTIVATIONS=0``)."""
+    convolution by a :class:`StaticFP8Conv2d` (with :data:`CONVS`); returns how many. A linear
+    with a calibrated output writes it in FP8 (with :data:`ACTIVATIONS`)."""
     model = denoiser(pipe)
-    convs = fp8_convs()
-    outputs = fp8_activations() and granularity == "tensor"
+    convs = CONVS
+    outputs = ACTIVATIONS and granularity == "tensor"
     device = next(model.parameters()).device
     if convs and not fp8_conv.available(device):
         log.warning("fp8: Triton is not installed, so the convolutions stay fp16 (pip install triton)")
@@ -412,10 +434,10 @@ def quantize(pipe: Any, scales: dict[str, float], granularity: str = "tensor") -
     for name, module in list(model.named_modules()):
         if name not in scales:
             continue
-        if candidate(name, module):
+        if candidate(name, module, limits):
             output = scales.get(name + OUTPUT) if outputs else None
             layer: torch.nn.Module = StaticFP8Linear.replacing(module, scales[name], granularity, output)
-        elif convs and conv_candidate(module):
+        elif convs and conv_candidate(module, limits):
             layer = StaticFP8Conv2d.replacing(module, scales[name])
         else:
             continue
@@ -476,9 +498,9 @@ def scales_key(model: str, dtype: torch.dtype, structure: str, width: int, heigh
 
 
 def structure(pipe: Any) -> str:
-    """The layers a calibration measures: the linears' names, and the convolutions' unless
-    ``DIFFQ_FP8_CONVS=0`` (a calibration without them must not serve a worker that wants them)."""
-    kinds = (torch.nn.Linear, torch.nn.Conv2d) if fp8_convs() else (torch.nn.Linear,)
+    """The layers a calibration measures: the linears' names, and the convolutions' with
+    :data:`CONVS` (a calibration without them must not serve a worker that wants them)."""
+    kinds = (torch.nn.Linear, torch.nn.Conv2d) if CONVS else (torch.nn.Linear,)
     names = "\n".join(n for n, m in denoiser(pipe).named_modules() if isinstance(m, kinds))
     return hashlib.sha256(names.encode()).hexdigest()[:16]
 
@@ -533,7 +555,7 @@ def scales(pipe: Any, model: str, store: ScaleStore | None) -> tuple[dict[str, f
         width,
         height,
     )
-    found = calibrate(pipe, width, height)
+    found = calibrate(pipe, width, height, limits_for(model))
     if store is not None:
         store.put(key, model, found)
     return found, f"calibrated in {time.perf_counter() - started:.1f}s"
@@ -543,7 +565,7 @@ def apply(pipe: Any, model: str, store: ScaleStore | None, granularity: str = "t
     """Calibrate (or load the host's calibration) and quantize; returns the seconds spent."""
     started = time.perf_counter()
     found, source = scales(pipe, model, store)
-    quantize(pipe, found, granularity)
+    quantize(pipe, found, granularity, limits_for(model))
     quantized = list(layers(pipe))
     linears = [layer for layer in quantized if isinstance(layer, StaticFP8Linear)]
     log.info(

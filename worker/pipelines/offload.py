@@ -39,7 +39,6 @@ log = logging.getLogger("diffq.worker")
 NOT_WITH_OFFLOAD = frozenset(
     {
         "compile-blocks",
-        "compile-resnets",
         "compile-unet",
         "compile-vae",
         "cuda-graphs",

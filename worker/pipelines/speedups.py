@@ -5,15 +5,17 @@ only if it paid for itself there. Every default lever keeps the output within fp
 the plain pipeline; ``vae-fp16`` additionally falls back to an fp32 decode for any batch whose
 fp16 decode is not finite (the stock SDXL VAE overflows in fp16; fixed VAEs do not).
 
-The compile levers compile SDXL's UNet (whole, or its repeated blocks and ResNet blocks) and
-the VAE decoder. Every graph is static: compiled for one batch size, which :func:`warm_up` runs
-before the first job, and smaller batches (a tail chunk) are padded up to it
+The compile levers compile SDXL's UNet (whole, or its repeated blocks) and the VAE decoder.
+Every graph is static: compiled for one batch size, which :func:`warm_up` runs before the
+first job, and smaller batches (a tail chunk) are padded up to it
 (:func:`worker.pipelines.generate.run_split`), so a campaign never compiles mid-way and never
 pays for dynamic shapes (a second, symbolic trace of every graph). Kernels persist in the model
 cache (``TORCHINDUCTOR_CACHE_DIR``), so a worker restarted on the same host compiles from cache.
 
-``fp8`` (``--precision fp8``; opt-in, Ada/Hopper GPUs) runs the denoiser's wide linear layers
-in FP8 with static scales calibrated once per model (:mod:`worker.pipelines.fp8`).
+Two entries of a :class:`Speedups` are not levers a user names: ``fp8`` (``--precision fp8``;
+opt-in, Ada/Hopper GPUs) runs the denoiser's wide linear layers in FP8 with static scales
+calibrated once per model (:mod:`worker.pipelines.fp8`), and ``modulation-once`` is FLUX's own
+(:attr:`Family.own`), applied whatever ``--speedups`` says.
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ import torch
 
 from common.errors import ModelLoadError
 from common.jobspec import GenParams
-from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS, speedup_names
+from common.presets import CUDA_DEFAULT_SPEEDUPS, speedup_names
 from worker.pipelines import empty_negative, fp8, modulation, reductions, samplers, step_graphs
 from worker.pipelines.families import FAMILIES, Family, family_of
 
 log = logging.getLogger("diffq.worker")
 
-LEVERS = SPEEDUP_LEVERS
-COMPILE_LEVERS = frozenset({"compile-blocks", "compile-resnets", "compile-unet", "compile-vae"})
+COMPILE_LEVERS = frozenset({"compile-blocks", "compile-unet", "compile-vae"})
 #: the denoising steps of a warm-up batch (enough for every graph the real steps use)
 WARM_UP_STEPS = 2
 
@@ -77,7 +78,7 @@ class Speedups:
         the levers its code applies; the others are left out with one line."""
         family = family_of(pipe)
         wanted = self.wanted_for(family)
-        kept = wanted & family.levers
+        kept = (wanted & family.levers) | family.own
         if wanted - kept:
             log.info(
                 "speedups: %s do not apply to %s (%s); it runs without them",
@@ -103,7 +104,9 @@ class Speedups:
             return self.describe()
         kinds: dict[str, list[str]] = {}
         for family in FAMILIES[:-1]:  # the generic family runs without levers
-            kinds.setdefault(Speedups(self.wanted_for(family) & family.levers).describe(), []).append(family.title)
+            kinds.setdefault(Speedups((self.wanted_for(family) & family.levers) | family.own).describe(), []).append(
+                family.title
+            )
         if len(kinds) == 1:
             return next(iter(kinds))
         return ", ".join(f"{levers} for {' and '.join(titles)}" for levers, titles in kinds.items())
@@ -152,9 +155,6 @@ def apply(
         return _apply_to_transformer(pipe, speedups, model=model, fp8_scales=fp8_scales, compile_whole=compile_whole)
     if "fuse-qkv" in speedups:
         unet.fuse_qkv_projections()
-    if "channels-last" in speedups:
-        unet.to(memory_format=torch.channels_last)
-        pipe.vae.to(memory_format=torch.channels_last)
     if "empty-negative" in speedups:
         # after fuse-qkv (which sets processors), before the compile: a job of 16 skips 70
         # cross-attentions of its 16 unconditional rows
@@ -179,20 +179,10 @@ def apply(
         # permutes, the samplers, the skip concatenations); measured 240 against 254 ms a step
         compile_whole(unet)
         samplers.one_timestep_dtype(unet)  # one graph for every sampler, not one per timestep dtype
-        if speedups.levers & {"compile-blocks", "compile-resnets"}:
-            log.info("speedups: compile-unet compiles the whole UNet; compile-blocks/compile-resnets are left out")
+        if "compile-blocks" in speedups:
+            log.info("speedups: compile-unet compiles the whole UNet; compile-blocks is left out")
     elif "compile-blocks" in speedups:
         unet.compile_repeated_blocks(fullgraph=True, dynamic=False)
-    if "compile-resnets" in speedups and "compile-unet" not in speedups:
-        import torch._dynamo as dynamo
-        from diffusers.models.resnet import ResnetBlock2D
-
-        blocks = [m for m in unet.modules() if isinstance(m, ResnetBlock2D)]
-        # the blocks share one code object; each instance and shape is one more cache entry
-        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(blocks))
-        dynamo.config.accumulated_cache_size_limit = max(dynamo.config.accumulated_cache_size_limit, 16 * len(blocks))
-        for module in blocks:
-            module.compile(dynamic=False)
     if "compile-vae" in speedups:
         # the decoder is memory-bound (14 % of the matmul ceiling on an H100): fusing its
         # GroupNorm, SiLU and residual adds saves passes over 1024² activations
@@ -206,10 +196,6 @@ def apply(
         # the prompt's encode is the host launching 44 layers' kernels: 37.3 -> 9.2 ms for one
         # prompt on an H200 (bench/encode_graphs.py), which every rank of a group pays whole
         step_graphs.install_encoders(pipe)
-    if "cudnn-benchmark" in speedups:
-        # cuDNN picks conv algorithms by heuristic unless told to time them; the timing happens
-        # once per conv shape, so the warm-up batches pay it, and a new batch size pays it once
-        torch.backends.cudnn.benchmark = True
     log.info("speedups: %s", speedups.describe())
     return time.perf_counter() - started
 

@@ -40,6 +40,9 @@ class Family:
     levers: frozenset[str] = frozenset()
     #: what ``--speedups auto`` means for it on CUDA (the CPU runs plain)
     auto: tuple[str, ...] = ()
+    #: what it always applies, whatever ``--speedups`` says (FLUX: its modulation vectors once an
+    #: image, the same images 1.1 % sooner); an offload still leaves them out
+    own: frozenset[str] = frozenset()
     #: the splits a group may make of it (``cfg``, ``data``, ``ulysses``, ``ring``, ``pipefusion``, ``parallel-vae``)
     splits: frozenset[str] = frozenset({"data"})
     #: the denoiser's repeated block classes ``compile-blocks`` compiles, where the model

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from common.jobspec import GenParams
-from common.presets import DIT_CUDA_DEFAULT_SPEEDUPS
+from common.presets import AUTO_SPEEDUPS
 from worker.pipelines import models
 from worker.pipelines.families import Family
 from worker.pipelines.pixels import BatchResult, decode_starts, rounded_pil, sampling, sync
@@ -63,7 +63,8 @@ FAMILY = Family(
     pipelines=("FluxPipeline", "xFuserFluxPipeline"),
     run=run,
     levers=DIT_LEVERS,
-    auto=DIT_CUDA_DEFAULT_SPEEDUPS,
+    auto=AUTO_SPEEDUPS["flux"],
+    own=frozenset({"modulation-once"}),
     splits=frozenset({"data", "ulysses", "ring", "pipefusion", "parallel-vae"}),
     negative_prompt=False,
     presets={

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from common.presets import AUTO_SPEEDUPS
 from worker.pipelines import models
 from worker.pipelines.families import Family
 from worker.pipelines.families.generic import call
@@ -110,7 +111,7 @@ FAMILY = Family(
     pipelines=("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
     run=run,
     levers=frozenset({"vae-fp16", "compile-blocks", "compile-vae", "fp8", "fuse-qkv"}),
-    auto=("compile-blocks", "compile-vae"),
+    auto=AUTO_SPEEDUPS["pixart"],
     blocks=("BasicTransformerBlock",),
     presets={"tiny-pixart": lambda _device, _dtype, cache_dir: ensure_tiny(cache_dir), "pixart-random": _random},
 )

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from common.presets import AUTO_SPEEDUPS
 from worker.pipelines import models
 from worker.pipelines.families import Family
 from worker.pipelines.families.generic import call
@@ -134,7 +135,7 @@ FAMILY = Family(
     pipelines=("StableDiffusion3Pipeline",),
     run=call,
     levers=frozenset({"vae-fp16", "compile-blocks", "compile-vae", "fp8", "fuse-qkv"}),
-    auto=("compile-blocks", "compile-vae"),
+    auto=AUTO_SPEEDUPS["sd3"],
     blocks=("SD3SingleTransformerBlock", "JointTransformerBlock"),
     presets={"tiny-sd3": lambda _device, _dtype, cache_dir: ensure_tiny(cache_dir), "sd3-random": _random},
 )

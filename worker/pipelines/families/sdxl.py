@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from common.jobspec import GenParams
-from common.presets import CUDA_DEFAULT_SPEEDUPS, SPEEDUP_LEVERS
+from common.presets import AUTO_SPEEDUPS, SPEEDUP_LEVERS
 from worker.pipelines import empty_negative, models
 from worker.pipelines.families import Family
 from worker.pipelines.pixels import BatchResult, decode, sampling, sync, to_pil
@@ -78,8 +78,8 @@ FAMILY = Family(
     pipelines=("StableDiffusionXLPipeline",),
     run=run,
     denoiser="unet",
-    levers=frozenset(SPEEDUP_LEVERS) - {"modulation-once"},
-    auto=CUDA_DEFAULT_SPEEDUPS,
+    levers=frozenset(SPEEDUP_LEVERS) | {"fp8"},
+    auto=AUTO_SPEEDUPS["sdxl"],
     splits=frozenset({"cfg", "data"}),
     presets={
         "tiny": lambda _device, _dtype, cache_dir: models.ensure_tiny(cache_dir),
