@@ -88,8 +88,45 @@ def problems(page: Path) -> list[str]:
     return out
 
 
+def _first_column(page: Path, heading: str) -> tuple[int, list[str]]:
+    """The back-quoted names in the first column of the table under ``heading``, and its line."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = lines.index(heading) if heading in lines else -1
+    names = []
+    for line in lines[start + 1 :] if start >= 0 else []:
+        if line.startswith("#"):
+            break
+        cell = re.match(r"\| `([^`]+)` \|", line)
+        if cell:
+            names.append(cell.group(1))
+    return start + 1, names
+
+
+def reference_tables() -> list[str]:
+    """docs/usage.md's lever and settings tables against the code: every lever of
+    ``SPEEDUP_LEVERS`` and ``RETIRED_LEVERS`` in its table, every variable of ``ENV_NAMES`` in
+    the other, and nothing else (a lever or variable added or removed changes its table)."""
+    sys.path.insert(0, str(ROOT))
+    from common.presets import RETIRED_LEVERS, SPEEDUP_LEVERS
+    from common.settings import ENV_NAMES
+
+    page = ROOT / "docs" / "usage.md"
+    out = []
+    for heading, want in (
+        ("## Levers", [*SPEEDUP_LEVERS, *RETIRED_LEVERS]),
+        ("## Settings", list(ENV_NAMES.values())),
+    ):
+        line, names = _first_column(page, heading)
+        if sorted(names) != sorted(want):
+            missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
+            out.append(
+                f"docs/usage.md:{line}: the table under {heading!r} lacks {missing}, has {extra} the code has not"
+            )
+    return out
+
+
 def main() -> int:
-    found = [line for page in PAGES if page.exists() for line in problems(page)]
+    found = [line for page in PAGES if page.exists() for line in problems(page)] + reference_tables()
     print("\n".join(found) or f"docs: {len(PAGES)} pages, links, tests and functions named all resolve")
     return 1 if found else 0
 

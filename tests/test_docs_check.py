@@ -42,6 +42,22 @@ def test_the_check_finds_a_link_to_a_heading_that_is_not_there():
     ]
 
 
+def test_the_lever_and_settings_tables_follow_the_code(monkeypatch):
+    """A lever or variable the code gains and the reference tables lack (or the reverse) is one
+    line of ``make lint``: the tables cannot drift from common/presets.py and common/settings.py."""
+    from docs_check import reference_tables
+
+    from common import presets, settings
+
+    assert reference_tables() == []
+    monkeypatch.setitem(presets.SPEEDUP_LEVERS, "new-lever", "a lever with no row")
+    monkeypatch.delitem(settings.ENV_NAMES, "queue")
+    found = reference_tables()
+    assert len(found) == 2
+    assert "'## Levers' lacks ['new-lever'], has [] the code has not" in found[0]
+    assert "'## Settings' lacks [], has ['DIFFQ_QUEUE'] the code has not" in found[1]
+
+
 def test_the_docs_pass_it():
     assert main() == 0
 
