@@ -29,14 +29,10 @@
 #   bash bench/group_device.sh fluxring7  # FLUX 1024² ring of 2: the peers pulled by the copy engines (experiment) against NCCL's gather and 1 GPU
 #   bash bench/group_device.sh fluxwhere  # FLUX 1024²: 1 GPU and the ring of 2 profiled, each kind's heaviest kernels by name
 #   bash bench/group_device.sh fluxring8  # FLUX 1024² ring of 2: cuDNN handed views of tokens-first memory (experiment) against the product's copies, and 1 GPU
-#   bash bench/group_device.sh fluxtrace  # FLUX 1024² ring of 2: where its GPU stands idle inside one image (the trace's gaps)
 #   bash bench/group_device.sh fluxdecode  # FLUX ring of 2: the decoder split by rows over the ranks against each decoding all of it, 1024² and 2048²
 #   bash bench/group_device.sh fluxmod  # FLUX 1024²: modulation-once on 1 GPU and in the ring of 2, each against the same levers without it; the ring as one attention (experiment)
 #   bash bench/group_device.sh fluxmerge  # FLUX 1024² ring of 2: the last merge as one kernel (the product's) against the merge fused by Inductor, and 1 GPU
 #   bash bench/group_device.sh exitq  # the FLUX ring of 2 and the SDXL CFG pair through the queue: each group's exit code and exit time
-#   bash bench/group_device.sh fluxgemms  # one GPU: FLUX's GEMMs at one GPU's rows and a ring rank's, cuBLAS and Inductor's tuned templates (bench/flux_gemms.py)
-#   bash bench/group_device.sh fluxfuse  # one GPU: FLUX's projections fused (fuse-qkv) by shape, by block at both row counts, and a whole image without and with
-#   bash bench/group_device.sh fluxfuse2  # one GPU: fuse-qkv at a ring rank's rows, alternated (blocks; a whole image of about half the tokens)
 #   bash bench/group_device.sh pairparts  # one GPU: an SDXL CFG pair's serial parts at batch 1 (decode whole and at half rows, the split twin compiled; the prompt's encode eager and compiled)
 #   bash bench/group_device.sh decodemem  # one GPU: FLUX's decoder (bf16) whole against a rank's split twin, peak memory and time, its GroupNorm in parts and whole; then compiled
 #   bash bench/group_device.sh fluxvae  # one GPU: FLUX 1024² without and with compile-vae, alternated; 2048² each once (time, peak memory)
@@ -409,12 +405,6 @@ fluxring8)  # issue 46: the ring's attention handed views of tokens-first memory
   ring_ab flux-r2-bshd --ring-bshd flux-r2-bhsd "" profile
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
   ;;
-fluxtrace)  # issue 46: where the ring's GPU stands idle inside one image: its rank 0 trace's gaps (bench/trace_gaps.py)
-  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  timeout 200 $TR --nproc-per-node 2 bench/group.py $F --runs 2 --ring-degree 2 --out $R --label flux-r2-trace \
-    --profile /tmp/prof-r2 > $OUT/ring.log 2>&1; echo "ring rc=$? at ${SECONDS}s"
-  python3 bench/trace_gaps.py /tmp/prof-r2/rank0.trace.json.gz --label flux-r2-trace >> $R
-  ;;
 fluxdecode)  # issue 46: a token-split group's decoder split by rows over its ranks (worker/group/split_decode.py,
   # the product's) against every rank decoding the whole latent (--whole-decode), alternated, and one GPU; then 2048²
   ring_ab flux-r2-splitdecode "" flux-r2-wholedecode --whole-decode
@@ -470,46 +460,6 @@ exitq)  # after 2026-11-28's exit by os._exit (worker/group/cli.py's _finish): t
     > $OUT/queue-sdxl.log 2>&1; echo "sdxl pair queue rc=$? at ${SECONDS}s"
   grep -h "terminate\|exitcode\|Traceback" $OUT/queue-*.log | head -5
   tar czf /tmp/logs.tgz -C $OUT --exclude group.jsonl . 2>/dev/null && rm -f $OUT/*.log && mv /tmp/logs.tgz $OUT/
-  ;;
-fluxgemms)  # issue 46: a ring rank's GEMMs take 10 % over half of one GPU's; on one GPU, each FLUX product at both row
-  # counts through cuBLAS, then one block of each kind compiled, with Inductor's GEMM autotuning, and with its
-  # persistent TMA templates, projected to an image (bench/flux_gemms.py); the tuner's picks per shape
-  export TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-16}
-  timeout 540 python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --budget-s 520 --min-left-s ${MIN_LEFT_S:-90} \
-    ${GEMM_MODES:+--modes $GEMM_MODES} > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
-  python3 bench/autotune_picks.py $OUT/gemms.log --rows 0 --call 1 > $OUT/picks.jsonl
-  grep -h '"part": "shapes"\|"part": "blocks' $OUT/gemms.jsonl; grep -h -i -E "error|Traceback" $OUT/gemms.log | head -5
-  ;;
-fluxfuse)  # issue 46: fluxgemms found a ring rank's excess over half in q, k and v as three products (the text
-  # stream's at 256 rows cost what 512 do): each layout by shape, both kinds of block compiled without and with
-  # fuse-qkv at both row counts, then one GPU's whole image without and with it, alternated (one GPU lent)
-  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  timeout 200 python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --modes compile,compile+fused --budget-s 190 \
-    > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
-  grep -h '"part": "shapes"\|"part": "blocks' $OUT/gemms.jsonl
-  L=vae-fp16,compile-blocks,modulation-once
-  for v in "flux-1gpu-separate|$L|--save /tmp/flux1.npy" "flux-1gpu-fuseqkv|$L,fuse-qkv|--compare /tmp/flux1.npy" \
-           "flux-1gpu-separate-again|$L|--compare /tmp/flux1.npy" "flux-1gpu-fuseqkv-again|$L,fuse-qkv|--compare /tmp/flux1.npy"; do
-    IFS='|' read -r label levers img <<< "$v"
-    [ $SECONDS -lt 480 ] && { DIFFQ_SPEEDUPS=$levers timeout 120 $TR --nproc-per-node 1 bench/group.py $F --runs 3 $img \
-      --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
-  done
-  grep -h '"s_per_img"' $R | python3 -c "import sys, json; [print(r['label'], r['s_per_img'], r.get('max_pixel_diff_255')) for r in map(json.loads, sys.stdin)]"
-  ;;
-fluxfuse2)  # issue 46: fluxfuse's blocks moved by a few percent either way between runs; the same alternated with
-  # more calls, and whole images of about a ring rank's image rows (720²: 2,025 tokens) without and with fuse-qkv
-  export DIFFQ_CACHE=/tmp/dq-cache TORCHINDUCTOR_CACHE_DIR=/tmp/dq-cache/inductor
-  timeout 200 python3 bench/flux_gemms.py --out $OUT/gemms.jsonl --parts blocks --repeats 200 --budget-s 190 \
-    --modes compile,compile+fused,compile,compile+fused > $OUT/gemms.log 2>&1; echo "flux_gemms rc=$? at ${SECONDS}s"
-  grep -h '"part": "blocks"' $OUT/gemms.jsonl
-  L=vae-fp16,compile-blocks,modulation-once
-  for v in "flux720-1gpu-separate|$L|--save /tmp/flux720.npy" "flux720-1gpu-fuseqkv|$L,fuse-qkv|--compare /tmp/flux720.npy" \
-           "flux720-1gpu-separate-again|$L|--compare /tmp/flux720.npy" "flux720-1gpu-fuseqkv-again|$L,fuse-qkv|--compare /tmp/flux720.npy"; do
-    IFS='|' read -r label levers img <<< "$v"
-    [ $SECONDS -lt 480 ] && { DIFFQ_SPEEDUPS=$levers timeout 120 $TR --nproc-per-node 1 bench/group.py $F --size 720 --runs 5 \
-      $img --out $R --label $label > $OUT/$label.log 2>&1; echo "$label rc=$? at ${SECONDS}s"; }
-  done
-  grep -h '"s_per_img"' $R | python3 -c "import sys, json; [print(r['label'], r['s_per_img'], r['calls'], r.get('max_pixel_diff_255')) for r in map(json.loads, sys.stdin)]"
   ;;
 pairparts)  # issue 46, one GPU: an SDXL CFG pair's serial parts at batch 1 (bench/pair_parts.py): the decoder at
   # the whole latent's rows and at a rank's half, eager and compiled; the split twin compiled with its collectives

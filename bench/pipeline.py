@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", default="1,4,8")
     ap.add_argument("--lever-batch", type=int, default=8)
-    ap.add_argument("--levers", default="vae-fp16,channels-last,fuse-qkv", help="applied cumulatively, in order")
+    ap.add_argument("--levers", default="vae-fp16,fuse-qkv", help="applied cumulatively, in order")
     ap.add_argument("--final-batches", default="", help="batches to measure with all levers on")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)

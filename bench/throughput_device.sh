@@ -4,7 +4,7 @@
 # first (carry .whl with torchao, and .redis).
 #   bash bench/throughput_device.sh base defaults match:defaults adapters   # call 1
 #   bash bench/throughput_device.sh start:cold start:warm fp8 match:fp8     # call 2
-#   IMAGES=32 bash bench/throughput_device.sh defaults e2e:vaec:vae-fp16,compile-blocks,compile-resnets,compile-vae fp8row
+#   IMAGES=32 bash bench/throughput_device.sh defaults e2e:vaec:vae-fp16,compile-blocks,compile-vae fp8row
 #   BASE_BUDGET=75 IMAGES=40 bash bench/throughput_device.sh base defaults start:warm serial  # overlap
 set -u
 OUT=${OUT:-/tmp/out}
