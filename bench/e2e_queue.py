@@ -151,9 +151,18 @@ def start_up(log: Path, launched: float) -> dict:
     return found
 
 
+#: the keys a fleet shares through --compile-cache redis (docs/usage.md), kept by --keep-fleet
+FLEET_KEYS = (b"diffq:compiled:", b"pt2:", b"diffq:memory-profile:")
+
+
 def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
     queue_name = f"bench{gpus}{args.tag.replace('-', '')}"
-    conn.flushdb()  # a warm machine keeps the last run's Redis: start from nothing
+    if args.keep_fleet:  # a new host of a fleet: what the fleet shares stays, the rest goes
+        for key in conn.scan_iter(count=1000):
+            if not key.startswith(FLEET_KEYS):
+                conn.delete(key)
+    else:
+        conn.flushdb()  # a warm machine keeps the last run's Redis: start from nothing
     out_dir = Path(args.work) / queue_name
     shutil.rmtree(out_dir, ignore_errors=True)
     csv = Path(args.work) / f"{queue_name}.csv"
@@ -323,6 +332,11 @@ def main() -> None:
     ap.add_argument("--speedups", default="auto")
     ap.add_argument("--precision", default="fp16", help="the worker's --precision (fp16 or fp8)")
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument(
+        "--keep-fleet",
+        action="store_true",
+        help="keep the run before's shared keys (compiled graphs, torch's remote caches, memory profiles)",
+    )
     ap.add_argument(
         "--adapters", default="", help="comma-separated adapters taken in turn by chunks; none = no adapter"
     )

@@ -19,11 +19,13 @@ export DIFFQ_CACHE=${DIFFQ_CACHE:-/tmp/diffq-cache} BENCH_COMMIT=${BENCH_COMMIT:
 [ -n "$SEED_PROFILES" ] && mkdir -p "$DIFFQ_CACHE" && cp "$SEED_PROFILES" "$DIFFQ_CACHE/memory-profiles.json"
 Q="python3 bench/e2e_queue.py --out $OUT/fewstep.jsonl --logs $OUT --gpu-counts 1 --timeout ${PHASE_S:-260}"
 LIGHT="--steps 4 --guidance 0 --sampler euler --timestep-spacing trailing"
+Q0=$Q
 for phase in "$@"; do
   echo "== $phase $(date +%T) (${SECONDS}s)"
-  tagged=""
+  tagged="" Q=$Q0
   if [[ $phase == newhost:* ]]; then
     phase=${phase#newhost:}; tagged="newhost-"; export DIFFQ_CACHE=/tmp/diffq-cache-newhost-$SECONDS
+    Q="$Q --keep-fleet"  # the Redis of the phases before: the fleet's compiled graphs and profiles
   fi
   IFS=: read -r what precision format <<< "$phase"
   case $what in
