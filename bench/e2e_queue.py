@@ -307,7 +307,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
                 "model": (j.kwargs.get("spec") or {}).get("params", {}).get("model"),
                 "sampler": sampler_of(j),
                 "job_s": round(done_at(j) - j.started_at.timestamp(), 3),
-                **{k: j.return_value()["timings"].get(k) for k in ("adapter_s", "denoise_s", "total_s")},
+                **{k: j.return_value()["timings"].get(k) for k in ("adapter_s", "denoise_s", "score_s", "total_s")},
                 "compiles": j.return_value().get("compiles"),
             }
             for j in ordered

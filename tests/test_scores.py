@@ -114,3 +114,26 @@ def test_the_random_scorers_have_the_real_scorers_parameters():
         for name, shape in RANDOM_CLIPS.items()
     }
     assert counts == {"clip-l-random": 427_616_513, "clip-h-random": 986_109_441}
+
+
+def test_every_batch_is_scored_in_one_shape_and_scorers_of_one_model_share_its_passes(cache_dir):
+    """The text is padded to the model's full length whatever the prompts (a length that follows
+    the longest prompt makes the GPU's attention kernels plan again for each new one: the first
+    scored jobs measured 1.1 s slower on the H200), and clip, pickscore and aesthetic on one model
+    run its image and text towers once a batch."""
+    scorers = Scorers("cpu", str(cache_dir))
+    clip, _ = scorers._load("tiny-clip")
+    seen: dict[str, list[tuple[int, ...]]] = {"text": [], "vision": []}
+
+    def hear(tower: str, name: str):
+        return lambda _module, _args, kwargs, _out: seen[tower].append(tuple(kwargs[name].shape))
+
+    clip.text_model.register_forward_hook(hear("text", "input_ids"), with_kwargs=True)
+    clip.vision_model.register_forward_hook(hear("vision", "pixel_values"), with_kwargs=True)
+    short, long = ["a fox"], ["a lighthouse on a cliff over a stormy sea at dusk, oil on canvas"]
+    first = scorers.score(tuple(TINY.split(",")), [noise(0)], short)
+    scorers.score(tuple(TINY.split(",")), [noise(0)], long)
+    length = clip.config.text_config.max_position_embeddings
+    assert seen["text"] == [(1, length), (1, length)]
+    assert len(seen["vision"]) == 2
+    assert set(first[0]) == {"clip", "pickscore", "aesthetic"}

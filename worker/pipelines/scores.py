@@ -6,7 +6,8 @@ prompt's embeddings, 0 at worst (torchmetrics' CLIPScore); ``pickscore`` the mod
 scale × that cosine (PickScore's reward); ``aesthetic`` a linear head
 (``aesthetic_head.safetensors``: ``weight`` [1, D], ``bias`` [1]) over the normalised image
 embedding. The images scored are the PIL images the worker writes, so a score describes the
-bytes on disk.
+bytes on disk. A batch is resized once for the scorers that share a processor and embedded once
+per model, and its text always has the model's full length, so a job's shapes never change.
 
 A scorer that cannot load is the worker's environment, not the job's: it is said once, left out
 for the rest of this worker's life (the images are still made, their lines carry the scores
@@ -39,6 +40,9 @@ class Scorers:
         self._heads: dict[str, torch.nn.Linear] = {}
         #: spec -> why it did not load (left out from then on)
         self.broken: dict[str, str] = {}
+        #: what one :meth:`score` call has computed of its batch (pixels by processor settings,
+        #: embeddings by model), so scorers sharing a processor or a model share the work
+        self._batch: dict[tuple[str, str], torch.Tensor] = {}
 
     @torch.inference_mode()
     def score(
@@ -48,6 +52,16 @@ class Scorers:
         """Each image's scores by name; a scorer that does not load is left out (``on_broken``
         hears it the first time, with why)."""
         found: list[dict[str, float]] = [{} for _ in images]
+        try:
+            self._score(specs, images, prompts, found, on_broken)
+        finally:
+            self._batch.clear()
+        return found
+
+    def _score(
+        self, specs: tuple[str, ...], images: list[Image.Image], prompts: list[str], found: list[dict[str, float]],
+        on_broken: Callable[[str, str], None] | None,
+    ) -> None:  # fmt: skip
         for spec in specs:
             if spec in self.broken or not images:
                 continue
@@ -63,28 +77,33 @@ class Scorers:
                 continue
             for record, value in zip(found, values, strict=True):
                 record[name] = round(value, 4)
-        return found
 
     def _one(self, name: str, model: str, images: list[Image.Image], prompts: list[str]) -> list[float]:
         clip, processor = self._load(model)
-        inputs = processor(text=prompts, images=[i.convert("RGB") for i in images], return_tensors="pt", padding=True,
-                           truncation=True)  # fmt: skip
-        inputs = {k: v.to(self.device) for k, v in inputs.items()}
-        pixels = inputs["pixel_values"].to(clip.dtype)
-        image = clip.get_image_features(pixel_values=pixels)
-        image = _tensor(image)
-        image = image / image.norm(dim=-1, keepdim=True)
+        return self._forward(name, model, clip, processor, images, prompts)
+
+    def _forward(
+        self, name: str, model: str, clip: Any, processor: Any, images: list[Image.Image], prompts: list[str]
+    ) -> list[float]:  # fmt: skip
+        def image_features() -> torch.Tensor:
+            settings = processor.image_processor.to_json_string()
+            pixels = self._once(("pixels", settings), lambda: _pixels(processor, images, self.device))
+            return _unit(clip.get_image_features(pixel_values=pixels.to(clip.dtype)))
+
+        image = self._once(("image", model), image_features)
         if name == "aesthetic":
             head = self._head(model, image.shape[-1])
             return head(image.float()).squeeze(-1).tolist()
-        text = _tensor(
-            clip.get_text_features(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-        )
-        text = text / text.norm(dim=-1, keepdim=True)
+        text = self._once(("text", model), lambda: _unit(_text_features(clip, processor, prompts, self.device)))
         cosine = (image.float() * text.float()).sum(dim=-1)
         if name == "pickscore":
             return (clip.logit_scale.exp().float() * cosine).tolist()
         return (100 * cosine.clamp(min=0)).tolist()
+
+    def _once(self, key: tuple[str, str], make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if key not in self._batch:
+            self._batch[key] = make()
+        return self._batch[key]
 
     def _load(self, model: str) -> tuple[Any, Any]:
         if model not in self._models:
@@ -112,6 +131,28 @@ class Scorers:
             head.load_state_dict({"weight": weights["weight"].float(), "bias": weights["bias"].float()})
             self._heads[model] = head.eval()
         return self._heads[model]
+
+
+def _pixels(processor: Any, images: list[Image.Image], device: torch.device) -> torch.Tensor:
+    """The batch resized and normalised as ``processor`` does it (clip's and PickScore's
+    processors both take 224-pixel crops, so two scorers share one pass)."""
+    return processor.image_processor([i.convert("RGB") for i in images], return_tensors="pt")["pixel_values"].to(device)
+
+
+def _text_features(clip: Any, processor: Any, prompts: list[str], device: torch.device) -> torch.Tensor:
+    """The prompts' embeddings, every batch at the model's full text length: a shape that follows
+    the longest prompt makes the attention kernels plan again for each new length; the padding is
+    masked and after the end token, so the embedding is the same."""
+    length = clip.config.text_config.max_position_embeddings
+    text = processor.tokenizer(prompts, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
+    return _tensor(
+        clip.get_text_features(input_ids=text["input_ids"].to(device), attention_mask=text["attention_mask"].to(device))
+    )
+
+
+def _unit(out: Any) -> torch.Tensor:
+    vector = _tensor(out)
+    return vector / vector.norm(dim=-1, keepdim=True)
 
 
 def _tensor(out: Any) -> torch.Tensor:
