@@ -1,8 +1,9 @@
 """``make lint``'s check of the docs against the tree: every relative link resolves (a ``#anchor``
-into a Markdown page too, by GitHub's rule for heading anchors), and every
-test a page names (``test_file.py::test_name``) and every function it names in a file
-(``path/file.py:function``) exists. Prints one line per problem, ``FILE:LINE: what``, and exits 1
-if there is any. Run as ``python tests/docs_check.py`` from the repository root."""
+into a Markdown page too, by GitHub's rule for heading anchors), every test a page names
+(``test_file.py::test_name``) and every function it names in a file (``path/file.py:function``)
+exists, and every ``DIFFQ_*`` variable it names is read by something. Prints one line per
+problem, ``FILE:LINE: what``, and exits 1 if there is any. Run as ``python tests/docs_check.py``
+from the repository root."""
 
 from __future__ import annotations
 
@@ -17,6 +18,20 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benc
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 TEST = re.compile(r"\b(test_\w+\.py)::(test_\w+)")
 FUNCTION = re.compile(r"`((?:common|producer|worker)/[\w/]+\.py):(\w+)`")
+VARIABLE = re.compile(r"\bDIFFQ_[A-Z0-9_]+\b")
+
+
+@cache
+def _variables_read() -> frozenset[str]:
+    """Every ``DIFFQ_*`` name something reads: the product's settings, the tests' and the
+    bench's own, and compose's interpolations (``.env.example`` is a page of its own, not a reader)."""
+    readers = [ROOT / "compose.yaml", *ROOT.glob("compose.*.yaml"), ROOT / "Dockerfile", ROOT / "Makefile"]
+    for package in ("common", "worker", "producer", "tests", "bench", "examples", ".ci"):
+        readers += [p for p in (ROOT / package).rglob("*") if p.suffix in (".py", ".sh", ".yaml", "")]
+    readers = [p for p in readers if p.name != "test_docs_check.py"]  # its probes name retired ones
+    return frozenset(
+        name for path in readers if path.is_file() for name in VARIABLE.findall(path.read_text(errors="replace"))
+    )
 
 
 @cache
@@ -79,6 +94,9 @@ def problems(page: Path) -> list[str]:
                 out.append(f"{rel}:{number}: {file} is not a test file")
             elif test not in _names(where):
                 out.append(f"{rel}:{number}: {file} has no {test}")
+        for name in VARIABLE.findall(line):
+            if name not in _variables_read():
+                out.append(f"{rel}:{number}: {name} is read by nothing (a retired variable: name its flag)")
         for file, name in FUNCTION.findall(line):
             path = ROOT / file
             if not path.exists():

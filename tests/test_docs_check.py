@@ -28,6 +28,15 @@ def test_the_check_finds_a_dead_link_a_renamed_test_and_a_missing_function(tmp_p
     ]
 
 
+def test_the_check_finds_a_variable_nothing_reads_any_more():
+    """A variable retired for a flag (DIFFQ_RETRY_BACKOFF became ``--retry-backoff``) left in a
+    page tells a user to set what nothing reads."""
+    found = _problems_of("`DIFFQ_HEARTBEAT_TTL` and `DIFFQ_RETRY_BACKOFF`\n")
+    assert found == [
+        "docs/_check_probe.md:1: DIFFQ_RETRY_BACKOFF is read by nothing (a retired variable: name its flag)"
+    ]
+
+
 def test_the_check_finds_a_link_to_a_heading_that_is_not_there():
     """A renamed heading leaves its links pointing nowhere: the anchor is checked, by GitHub's rule."""
     found = _problems_of(
