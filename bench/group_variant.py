@@ -57,7 +57,7 @@ if "timed" in variant and os.environ.get("RANK", "0") == "0":
     from rq.worker import BaseWorker
 
     from worker.group import comm, engine, leader
-    from worker.serving import rqworker, task
+    from worker.serving import overlap, rqworker, task
 
     spent: defaultdict[str, float] = defaultdict(float)
 
@@ -86,9 +86,9 @@ if "timed" in variant and os.environ.get("RANK", "0") == "0":
         (comm.Control, "broadcast", "broadcast"),
         (comm.Control, "gather", "gather"),
         (engine.RankEngine, "_run", "engine.run"),
-        (rqworker.DiffqWorker, "_hand_off", "hand_off"),
+        (overlap.Tails, "hand_off", "hand_off"),
         (rqworker.DiffqWorker, "_pump", "pump"),
-        (rqworker.DiffqWorker, "finish_pending", "finish_pending"),
+        (overlap.Tails, "finish", "finish_pending"),
     ]:
         timed(owner, attr, name)
     split = engine.run_split

@@ -243,7 +243,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         runtime=rt,
         heartbeat_ttl=settings.heartbeat_ttl,
     )
-    _on_orphaned.append(lambda: worker.stop_now("its launcher is gone"))
+    _on_orphaned.append(lambda: worker.stops.cold("its launcher is gone"))
     if opts["preload"]:  # before it says it serves: compose's logs show a replica ready only once it is
         pipelines.get(opts["preload"])
     log.info(
@@ -263,7 +263,7 @@ def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:
         log_format=_log_format(settings.gpu_label),
         with_scheduler=False,  # the keeper thread moves due retries; no child process to orphan
     )
-    worker.wait_for_cold_exit()
+    worker.stops.wait_for_cold_exit()
     if worker.lease_lost:
         sys.exit(EXIT_LEASE_LOST)
 

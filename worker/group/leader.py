@@ -20,7 +20,7 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
 
-from common.errors import DiffqError, ModelLoadError, PermanentJobError
+from common.errors import DiffqError, ModelLoadError, NotServedHere, PermanentJobError
 from common.lanes import is_group_lane
 from common.processes import alive
 from worker.group.comm import EXIT_GROUP_LOST, PING_INTERVAL_S, Answer, Command, Control, GroupLost
@@ -78,6 +78,12 @@ class GroupPipelines:
 
     def use_adapters(self, loaded: LoadedPipeline, stack: tuple[tuple[str, float], ...]) -> None:
         """Nothing here: the adapters travel with the batch and every rank switches to them."""
+
+    def use_decoder(self, loaded: LoadedPipeline, name: str | None) -> None:
+        """A group decodes with the model's VAE (split over its ranks): a job that asks for a
+        preview decoder is given back for single-GPU workers, retries untouched."""
+        if name is not None:
+            raise NotServedHere(f"this group does not run preview decoders (--decoder {name}); given back")
 
     def generate(
         self,
@@ -177,7 +183,8 @@ class GroupWorker(DiffqWorker):
             f"job {job.id} re-queued" if job is not None else "no job was running",
         )
         try:
-            self.give_back_pending(f"the xDiT group {self.name} lost a rank while writing this job; re-queued")
+            self.tails.give_back(f"the xDiT group {self.name} lost a rank while writing this job; re-queued",
+                                 lost=self._lost)  # fmt: skip
             self.register_death()
         except redis.RedisError as exc:
             log.warning("Redis did not answer on the way out (%s): the job in the writer comes back by its "

@@ -8,13 +8,16 @@ RQ's backoff up to the job's limit. The worker process survives all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from rq.exceptions import DeserializationError
 from rq.job import Job
 
 from common.errors import DiffqError, InvalidJobSpec, NotServedHere, PermanentJobError
+
+log = logging.getLogger("diffq.worker")
 
 #: a model or adapter that fails to load the same way on this many distinct workers is the job's fault
 SAME_FAILURE_WORKERS = 2
@@ -73,3 +76,20 @@ def refused_here(
     if sum(reason == str(exc) for reason in seen.values()) >= SAME_FAILURE_WORKERS:
         return exc
     return here or NotServedHere(f"{what} does not load on this worker ({exc}); given back for another worker")
+
+
+@dataclass
+class FailureLog:
+    """One log line per failure, and a reason that repeats counted rather than repeated: a
+    campaign of 10⁵ jobs with one bad column says it once, then at 10, 100, 1000 and every
+    10,000, with the count (the traceback is at DEBUG, and in rq-dashboard)."""
+
+    #: each cause said, and how often it happened
+    told: dict[str, int] = field(default_factory=dict)
+
+    def say(self, job_id: str, exc: BaseException, failure: Failure) -> None:
+        cause = f"{type(exc).__name__}: {failure.reason}"
+        times = self.told[cause] = self.told.get(cause, 0) + 1
+        if times == 1 or times in (10, 100, 1000) or times % 10000 == 0:
+            again = f" (the same reason {times} times so far)" if times > 1 else ""
+            log.error("job %s failed: %s%s", job_id, failure.reason, again)

@@ -41,6 +41,8 @@ class Keeper:
     """``worker`` is the :class:`~worker.serving.rqworker.DiffqWorker` it keeps (typed loosely:
     the worker imports the keeper, not the other way round)."""
 
+    name = "keeper"
+
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.failures = 0  # ticks in a row that failed
@@ -84,7 +86,7 @@ class Keeper:
     def renew_heartbeats(self) -> None:
         worker = self.worker
         with worker._executions_lock:  # not while the main thread completes a handed-off job
-            pending = worker._pending
+            pending = worker.tails.pending
             if pending is not None and worker.owns(pending.job, pending.execution):
                 worker.maintain_heartbeats(pending.job, pending.execution)
             self._renew_running()
@@ -126,7 +128,8 @@ class Keeper:
     def publish_pauses(self) -> None:
         worker = self.worker
         refusing = worker.runtime.breaker.open() if worker.runtime is not None else {}
-        reasons = [worker.paused.reason] if worker.paused else []
+        pause = worker.pauses.now
+        reasons = [pause.reason] if pause else []
         reasons += [f"not taking jobs for {what}: {why}" for what, why in refusing.items()]
         key = paused_key(worker.queues[0].name)
         if reasons:

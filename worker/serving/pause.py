@@ -8,8 +8,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rq.worker import WorkerStatus
 
 from common.errors import WorkerUnavailable
+from common.queues import paused_key
+from worker.serving.states import State
 
 log = logging.getLogger("diffq.worker")
 
@@ -43,3 +49,57 @@ class Pause:
                 continue
             log.warning("resumed after %.0fs: %s", time.time() - self.since, "the output folder can take jobs again")
             return True
+
+
+class Pauses:
+    """The pause as a part of the worker: the pause now (``now``, None while it takes jobs),
+    told to Redis by the keeper (``publish_pauses``) and to the metrics. ``worker`` is the RQ
+    worker, typed loosely as the keeper's."""
+
+    name = "pauses"
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.now: Pause | None = None
+
+    def start(self) -> None:
+        """Nothing to start: a pause begins with the first job the environment refuses."""
+
+    def stop(self) -> None:
+        """This worker's pause leaves ``producer status`` with it."""
+        self.worker.connection.hdel(paused_key(self.worker.queues[0].name), self.worker.name)
+
+    def pause(self, reason: str, probe: Callable[[], None]) -> None:
+        """Take no job until ``probe`` passes; it is tried with backoff while the keeper keeps
+        the worker alive. Said once in the log, and kept in Redis for ``producer status``."""
+        self.now = Pause(reason, probe, since=time.time(), next_probe=time.monotonic() + 1.0)
+        log.error("paused, jobs stay queued: %s", reason)
+        self._metrics("output")
+        try:
+            self.worker.set_state(WorkerStatus.SUSPENDED)
+            self.worker.keeper.publish_pauses()
+        except redis.RedisError as exc:
+            log.warning("the pause is not shown in Redis yet (%s); the keeper tries again", exc.__class__.__name__)
+
+    def wait_out(self, stop_requested: Callable[[], bool]) -> bool:
+        """Probe until the pause is over (True), or a stop is asked for (False)."""
+        pause = self.now
+        if pause is None:
+            return True
+        self.worker.states.move(State.PAUSED)
+        if not pause.wait_out(stop_requested):
+            return False
+        self.worker.states.move(State.WAITING)
+        self.now = None
+        self._metrics(None)
+        try:
+            self.worker.keeper.publish_pauses()
+        except redis.RedisError as exc:
+            log.warning("the end of the pause is not shown in Redis yet (%s); the keeper tries again",
+                        exc.__class__.__name__)  # fmt: skip
+        return True
+
+    def _metrics(self, why: str | None) -> None:
+        runtime = self.worker.runtime
+        if runtime is not None and runtime.metrics is not None:
+            runtime.metrics.paused(why)

@@ -24,6 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
+
+import redis
+from rq.exceptions import StopRequested
+
+from common.queues import WARM_STOP_REDIS_S, WAY_OUT
+from worker.serving.states import State
 
 log = logging.getLogger("diffq.worker")
 
@@ -80,3 +87,84 @@ class SignalWatcher:
             self.warm(name)
         elif now - self.first_at >= REPEAT_S:
             self.cold(name)
+
+
+class Stops:
+    """Stopping as a part of the worker: the signals heard (installed at the worker's boot, from
+    its main thread), the warm stop they ask for first and the cold one after. ``worker`` is the
+    RQ worker, typed loosely as the keeper's; ``exit`` ends the process (``os._exit``: a cold stop
+    must not wait for the interpreter's finalization)."""
+
+    name = "stops"
+
+    def __init__(self, worker: Any, exit: Callable[[int], None] = os._exit) -> None:
+        self.worker = worker
+        self.exit = exit
+        #: a cold stop is under way: whichever thread ends the process, it ends with EXIT_COLD
+        self.cold_under_way = False
+        self.watcher = SignalWatcher(self.warm, self.cold)
+
+    def start(self) -> None:
+        self.watcher.install(self.on_main_thread)
+
+    def stop(self) -> None:
+        """Nothing to stop: the watcher thread ends with the process."""
+
+    def on_main_thread(self, signum: int, frame: FrameType | None) -> None:
+        """Main thread, whenever Python gets to it: a worker waiting for a job (or for Redis, or
+        for its disk) stops waiting. Anywhere else the exception would cut through bookkeeping
+        (RQ's teardown, a job's completion): there the flag alone ends the loop. The watcher
+        thread has already done the rest."""
+        self.worker._stop_requested = True
+        if self.worker._waiting and self.worker._now is None:
+            raise StopRequested()
+
+    def warm(self, signal_name: str) -> None:
+        """The first signal: finish the running job, take no other. Redis gets
+        :data:`WARM_STOP_REDIS_S` more seconds to answer: past them every call raises instead
+        of retrying, the worker exits, and its job comes back by its heartbeat."""
+        WAY_OUT.give_up_after(WARM_STOP_REDIS_S)
+        self.worker._stop_requested = True
+        now = self.worker._now
+        doing = f"finishing job {now.job.id}, then exiting" if now is not None else "exiting"
+        log.warning("%s: warm shutdown, %s (again for a cold one)", signal_name, doing)
+
+    def cold(self, why: str) -> None:
+        """A cold stop (a second signal, or the launcher gone): the job goes back at the front of
+        its queue and the process ends now, whatever the main thread is in the middle of."""
+        worker = self.worker
+        now, was = worker._now, worker.states.now  # one read: the job, its queue and execution together
+        self.cold_under_way = True
+        worker.states.move(State.GONE)
+        # exit in COLD_EXIT_S whatever happens below: Redis may be down, or hung
+        timer = threading.Timer(COLD_EXIT_S, self.exit, (EXIT_COLD,))
+        timer.daemon = True
+        timer.start()
+        WAY_OUT.give_up_after(COLD_EXIT_S / 2)
+        owned = now is not None and worker._lost != now.job.id
+        # said before any Redis call: the timer may end the process while Redis is away
+        log.warning("%s (was %s): cold shutdown%s", why, was.value,
+                    f"; job {now.job.id} goes back to the front of its queue" if owned else "")  # fmt: skip
+        try:
+            worker.tails.give_back(f"interrupted by a cold shutdown of {worker.name} while writing; re-queued",
+                                   lost=worker._lost)  # fmt: skip
+            if owned:
+                reason = f"interrupted by a cold shutdown of {worker.name}; re-queued"
+                worker.give_back(now.job, now.queue, reason, execution=now.execution)
+            worker.register_death()
+            if worker.lease is not None:
+                worker.lease.release()
+        except redis.RedisError as exc:
+            log.warning("%s: Redis did not answer (%s): the job comes back by its heartbeat",
+                        why, exc.__class__.__name__)  # fmt: skip
+        finally:
+            logging.shutdown()
+            self.exit(EXIT_COLD)
+
+    def wait_for_cold_exit(self) -> None:
+        """After the work loop: if a cold stop is under way, it ends the process (its thread,
+        or its timer within :data:`COLD_EXIT_S`). The main thread must not end it first by
+        returning: the interpreter's finalization stops daemon threads, the timer among them,
+        and took seconds (exit 0 at 2.2 s measured, the promise is 1.5 s)."""
+        if self.cold_under_way:
+            threading.Event().wait()

@@ -308,6 +308,7 @@ def _generate(run: Run) -> BatchResult:
         raise refused_here(get_current_job(), rt.worker_name, failed[0], exc) from None
     for adapter in adapters:
         rt.breaker.succeeded(adapter)
+    _use_decoder(run, loaded)
     timings["adapter_s"] = time.perf_counter() - started
 
     shape = (params.model, params.width, params.height)
@@ -344,6 +345,23 @@ def _generate(run: Run) -> BatchResult:
             "job %s: torch.compile built %d graph(s) (first job of a shape or adapter)", _job_id(), result.compiles
         )
     return result
+
+
+def _use_decoder(run: Run, loaded: Any) -> None:
+    """The job's preview decoder (``--decoder``), loaded as a model is: one this worker cannot
+    load gives the job back for other workers, and the breaker counts it."""
+    rt, name = run.ctx.runtime, run.chunk.params.decoder
+    what = f"decoder {name!r}"
+    if name is not None:
+        rt.breaker.check(what)
+    try:
+        rt.pipelines.use_decoder(loaded, name)
+    except ModelLoadError as exc:
+        rt.breaker.failed(what, str(exc))
+        _said_load(run, what, str(exc))
+        raise refused_here(get_current_job(), rt.worker_name, what, exc) from None
+    if name is not None:
+        rt.breaker.succeeded(what)
 
 
 def _scores(run: Run, images: list[Image.Image], prompts: list[str]) -> list[dict[str, float]]:
