@@ -198,6 +198,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
             *(["--timestep-spacing", args.timestep_spacing] if args.timestep_spacing else []),
             *(["--score", args.score] if args.score else []),
             *(["--image-format", args.image_format] if args.image_format != "png" else []),
+            *(["--decoder", args.decoder] if args.decoder else []),
         ],
         env=env,
         cwd=ROOT,
@@ -275,6 +276,7 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "timestep_spacing": args.timestep_spacing or "",
         "negative_prompt": negative,  # every row's (empty: none)
         "image_format": args.image_format,
+        "decoder": args.decoder,  # empty: the model's own VAE
         "commit": os.environ.get("BENCH_COMMIT", ""),
         "adapters": adapters,
         "compiles_first_job": ordered[0].return_value().get("compiles"),
@@ -346,6 +348,7 @@ def main() -> None:
     ap.add_argument("--score", default="", help="the producer's --score (scores in the worker)")
     ap.add_argument("--timestep-spacing", default="", help="the sampler's spacing (leading, linspace, trailing)")
     ap.add_argument("--image-format", default="png", help="the producer's --image-format (png, jpeg:90, webp, ...)")
+    ap.add_argument("--decoder", default="", help="the producer's --decoder (taesdxl-random); empty: the VAE")
     ap.add_argument("--negative-prompt", default="", help="every row's negative prompt; mlperf: MLPerf SDXL's")
     ap.add_argument("--models", default="", help="comma-separated models taken in turn by blocks of rows")
     ap.add_argument("--max-models", type=int, default=1, help="the worker's --max-models")

@@ -18,6 +18,7 @@ from typing import Any
 
 from common import adapter_stack, image_format, scorers
 from common.errors import InvalidJobSpec
+from common.presets import check_decoder
 from common.samplers import SAMPLERS, SPACINGS, check_sampler, check_spacing
 
 SPEC_VERSION = 1
@@ -149,6 +150,11 @@ class GenParams:
         image_format.DEFAULT, str, "string", image_format.check,
         flag="The files' format: png, jpeg or webp, a quality after ':' (jpeg:90, webp:lossless), for rows "
         "without an image_format cell",
+    )  # fmt: skip
+    decoder: str | None = _param(
+        None, str, "string", check_decoder,
+        flag="A fast preview decoder in place of the VAE (SDXL models): madebyollin/taesdxl, a folder, or "
+        "taesdxl-random / tiny-taesd, for rows without a decoder cell; none: the model's own VAE",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -128,6 +128,31 @@ ADAPTER_PRESETS: dict[str, str] = {
 #: ``org/name`` as the Hugging Face Hub spells repository ids
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
+#: Built-in preview decoders (``--decoder``; worker/pipelines/preview.py); a hub id such as
+#: ``madebyollin/taesdxl`` or a folder is the real one
+DECODER_PRESETS: dict[str, str] = {
+    "taesdxl-random": "TAESD-XL's architecture with random weights (benchmarks)",
+    "tiny-taesd": "a toy AutoencoderTiny for the tiny model (tests)",
+}
+
+
+def check_decoder(name: str, value: object) -> None:
+    """A ``decoder`` is a preset, a folder or a hub id: a name of none of those shapes (a typo
+    of a preset, ``taesdxl`` without its org) is the row's error, said before anything is queued.
+    Whether a folder or hub id holds a decoder is the worker's to find (it may see other mounts)."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidJobSpec(f"{name} must be a decoder name")
+    if value in DECODER_PRESETS or value.startswith(("/", ".", "~")) or HUB_ID.match(value):
+        return
+    close = difflib.get_close_matches(value, DECODER_PRESETS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise InvalidJobSpec(
+        f"{name} {value!r} is neither a preset{hint}, nor a path, nor a hub id like madebyollin/taesdxl; "
+        f"presets: {', '.join(DECODER_PRESETS)}"
+    )
+
 
 def check_model(name: str) -> None:
     """What the producer can know about ``--model`` without asking the Hub: a preset, a

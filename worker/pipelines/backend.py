@@ -38,6 +38,10 @@ class GenerationBackend(Protocol):
         """Make these adapters at their weights (or none) active for the next batch."""
         ...
 
+    def use_decoder(self, loaded: Any, name: str | None) -> None:
+        """Make this preview decoder (``--decoder``), or the model's VAE (None), decode the next batch."""
+        ...
+
     def generate(
         self,
         loaded: Any,

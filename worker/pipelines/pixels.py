@@ -22,6 +22,10 @@ from common.jobspec import GenParams
 
 log = logging.getLogger("diffq.worker")
 
+#: a pipeline's preview decoder for its next batches, where the job asked for one
+#: (``--decoder``; :mod:`worker.pipelines.preview`)
+PREVIEW_ATTR = "diffq_preview_decoder"
+
 
 class NonFinitePixels(PermanentJobError):
     """A batch decoded to pixels holding NaN or infinity: written, they would be black or noise
@@ -145,7 +149,18 @@ def rounded_pil(image: torch.Tensor) -> list[Image.Image]:
 
 
 def decode(pipe: Any, latents: torch.Tensor) -> torch.Tensor:
-    """The SDXL pipeline's decode, plus a finite check when the VAE runs in fp16 by choice."""
+    """The SDXL pipeline's decode, plus a finite check when the VAE runs in fp16 by choice; or
+    the job's preview decoder's, which takes the denoiser's latents as they are (scale 1)."""
+    preview = getattr(pipe, PREVIEW_ATTR, None)
+    if preview is not None:
+        image = preview.decode(latents.to(preview.dtype), return_dict=False)[0]
+        scale = getattr(pipe, "vae_scale_factor", 8)
+        if tuple(image.shape[-2:]) != (latents.shape[-2] * scale, latents.shape[-1] * scale):
+            raise PermanentJobError(
+                f"the preview decoder makes {image.shape[-1]}x{image.shape[-2]} images where this model's VAE makes "
+                f"{latents.shape[-1] * scale}x{latents.shape[-2] * scale}: it is not a decoder of this model's latents"
+            )
+        return image
     vae = pipe.vae
     dtype = vae.dtype
     try:  # an OOM in a decode must not leave the VAE in fp32 for the rest of the worker's life

@@ -35,6 +35,7 @@ from worker.pipelines import (
     fused_qkv,
     models,
     pinned_device,
+    preview,
     step_graphs,
 )
 from worker.pipelines.adapter_weights import AdapterWeights
@@ -130,6 +131,7 @@ class WarmPipelines:
         #: this worker's share of its GPU; None on the CPU, where batches are not sized by memory
         self.budget = Budget.of(self.device, gpu_memory) if self.device.type == "cuda" else None
         self.profiles = Profiles(Path(cache_dir) / "memory-profiles.json", compile_cache)
+        self.previews = preview.PreviewDecoders(self.device, self.dtype, cache_dir)
         self._loaded: dict[tuple[str, torch.dtype, str], LoadedPipeline] = {}
         self.loads = 0
 
@@ -523,6 +525,10 @@ class WarmPipelines:
             if "fp8" in loaded.speedups:
                 fp8.refresh(loaded.pipe, touched)  # the FP8 copies of the weights adapters change
             step_graphs.reset(loaded.pipe, touched)  # a switch may give weights new memory; graphs replay the old
+
+    def use_decoder(self, loaded: LoadedPipeline, name: str | None) -> None:
+        """The job's preview decoder (``--decoder``) for the next batch, or the model's VAE."""
+        preview.use(loaded.pipe, self.previews, name)
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
