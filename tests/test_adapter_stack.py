@@ -113,6 +113,7 @@ def test_a_stack_is_peft_s_weighted_adapters_merged_in_once_and_switched_without
     assert np.abs(theirs - ours).max() <= 2.0
 
 
+@pytest.mark.long  # make test: the in-process stack against PEFT's
 @pytest.mark.worker
 def test_a_campaign_with_a_stacked_pair_makes_every_image_once_with_its_adapters_and_a_rerun_adds_nothing(
     env, conn, tmp_path, loras

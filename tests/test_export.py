@@ -199,6 +199,7 @@ def _export_peak(tmp_path: Path, n: int) -> int:
     return peak
 
 
+@pytest.mark.long  # a scale check; make test exports, resumes and reads back every format
 @pytest.mark.slow
 def test_export_streams_memory_does_not_grow_with_the_dataset(tmp_path):
     small = _export_peak(tmp_path, 1_000)

@@ -91,6 +91,7 @@ def test_the_random_decoder_has_taesd_xls_architecture():
     assert sum(p.numel() for p in decoder.parameters()) == 2_445_063 and decoder.config.scaling_factor == 1.0
 
 
+@pytest.mark.long  # make test: the in-process decoder tests above
 @pytest.mark.worker
 def test_a_campaign_with_a_preview_decoder_records_it_in_every_image_and_a_rerun_adds_nothing(env, conn, tmp_path):
     rows = write_csv(tmp_path / "p.csv", "prompt,decoder\na red fox,tiny-taesd\na red fox,\n")

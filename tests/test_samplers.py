@@ -76,6 +76,7 @@ def test_a_noise_sampler_on_a_flow_matching_model_is_refused_in_one_line():
     assert samplers.use(pipe, None, None) == "FlowMatchEulerDiscreteScheduler"
 
 
+@pytest.mark.long  # make test runs samplers in a campaign in test_families
 @pytest.mark.worker
 def test_a_campaign_of_three_samplers_makes_every_image_once_with_its_sampler_and_a_rerun_adds_nothing(
     env, conn, tmp_path

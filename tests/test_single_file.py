@@ -131,6 +131,7 @@ def test_a_file_that_is_no_model_diffq_runs_is_refused_at_enqueue_in_one_line(en
     assert conn.llen("rq:queue:diffq") == 0
 
 
+@pytest.mark.long  # make test: the in-process load of the same file, pixel for pixel
 @pytest.mark.worker
 def test_a_campaign_of_a_single_file_checkpoint_makes_its_images_once(env, conn, checkpoint, tmp_path):
     out = tmp_path / "out"
