@@ -127,11 +127,17 @@ def test_workers_and_dashboard_have_healthchecks_that_run_real_commands():
 
 def test_cpu_replicas_cap_their_threads_and_the_cpu_override_is_kept_by_compose_file():
     class Override(yaml.SafeLoader):
-        """compose's own tags (``!reset``) read as null"""
+        """compose's own tags: ``!reset`` read as null, ``!override`` as the value it puts in place"""
 
     Override.add_constructor("!reset", lambda loader, node: None)
+    Override.add_constructor("!override", lambda loader, node: loader.construct_mapping(node))
     cpu = yaml.load((ROOT / "compose.cpu.yaml").read_text(), Loader=Override)
     assert cpu["services"]["worker"]["environment"]["OMP_NUM_THREADS"] == "${DIFFQ_CPU_THREADS:-2}"
+    # the replicas come from .env in both files, so a second `up` (a profile's) keeps them
+    # (tests/compose/test_readme.py runs it); the CPU override drops only the GPU reservation
+    assert cpu["services"]["worker"]["deploy"] == {"replicas": "${DIFFQ_WORKERS:-1}"}
+    assert SERVICES["worker"]["deploy"]["replicas"] == "${DIFFQ_WORKERS:-1}"
+    assert "# DIFFQ_WORKERS=1" in ENV_EXAMPLE
     assert "# COMPOSE_FILE=compose.yaml:compose.cpu.yaml" in ENV_EXAMPLE
     # the placeholders stay placeholders: diffq refuses them (tests/test_health.py, test_dashboard.py)
     assert re.search(r"^REDIS_PASSWORD=change-me", ENV_EXAMPLE, re.M)

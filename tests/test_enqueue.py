@@ -125,6 +125,7 @@ def _enqueue_peak(conn, path, rows: int) -> int:
     return peak
 
 
+@pytest.mark.long  # a scale check; make test enqueues, resumes and races producers
 def test_enqueue_streams_memory_does_not_grow_with_the_file(conn, tmp_path):
     # five times the rows; memory that grew with them would be ~5x here (tracemalloc makes each
     # row slow, so the files stay small enough for the quick tier)

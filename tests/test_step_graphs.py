@@ -254,6 +254,7 @@ def text_encoder_lora(cache_dir: Any, folder: Any) -> str:
     return str(folder)
 
 
+@pytest.mark.long  # make test: an adapter switch drops the graphs and the next call captures again
 def test_an_adapter_switch_captures_again_only_the_encoders_it_changed(plain, encoders, cache_dir, tmp_path):
     """tiny-dora adapts the UNet alone: the encoders' graphs stay. A LoRA of the first text
     encoder (wrapped and merged by PEFT) drops that encoder's graphs at every switch, and its
