@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import tracemalloc
 
+import pytest
+
 from conftest import EXAMPLES, TINY_FLAGS, producer, write_csv
 from rq.job import Job
 from rq.serializers import JSONSerializer
