@@ -6,7 +6,6 @@ import json
 import tracemalloc
 
 import pytest
-
 from conftest import EXAMPLES, TINY_FLAGS, producer, write_csv
 from rq.job import Job
 from rq.serializers import JSONSerializer
