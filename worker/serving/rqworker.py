@@ -262,17 +262,20 @@ class DiffqWorker(SimpleWorker):
         if isinstance(exc, redis.RedisError) and WAY_OUT.closed():
             raise exc  # stopping with Redis gone: nothing to record (execute_job says so)
         metrics = self.runtime.metrics if self.runtime is not None else None
-        lost = isinstance(exc, JobLost) or not self.owns(job, self._execution_of(job))
-        if lost:
+        if isinstance(exc, JobLost) or not self.owns(job, self._execution_of(job)):
             self._lost = job.id
-        outcome = "lost" if lost else "given_back" if isinstance(exc, WorkerUnavailable) else None
-        outcome = outcome or ("stopped" if isinstance(exc, JobStopped) else "failed")
-        if metrics is not None:
-            metrics.job_ended(outcome, **({"kind": type(exc).__name__} if outcome == "failed" else {}))
-        if outcome == "stopped":
+            outcome = "lost"
+        elif isinstance(exc, WorkerUnavailable):
+            outcome = "given_back"
+        elif isinstance(exc, JobStopped):
+            outcome = "stopped"
             job.meta["error"] = f"{exc}; producer enqueue of its prompts file queues its items again"
             job.save_meta()
             log.warning("%s", exc)
+        else:
+            outcome = "failed"
+        if metrics is not None:
+            metrics.job_ended(outcome, kind=type(exc).__name__ if outcome == "failed" else None)
         if outcome != "failed":
             return
         self.failure_log.say(job.id, exc, classify(exc))
