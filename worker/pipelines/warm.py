@@ -527,8 +527,9 @@ class WarmPipelines:
             step_graphs.reset(loaded.pipe, touched)  # a switch may give weights new memory; graphs replay the old
 
     def use_decoder(self, loaded: LoadedPipeline, name: str | None) -> None:
-        """The job's preview decoder (``--decoder``) for the next batch, or the model's VAE."""
-        preview.use(loaded.pipe, self.previews, name)
+        """The job's preview decoder (``--decoder``) for the next batch, or the model's VAE;
+        compiled where the model's levers compile its VAE (``compile-vae``)."""
+        preview.use(loaded.pipe, self.previews, name, compiled="compile-vae" in loaded.speedups)
 
     def _load_adapter(self, loaded: LoadedPipeline, merged: MergedAdapters, adapter: str) -> str:
         path = models.ensure_tiny_dora(self.cache_dir) if adapter == "tiny-dora" else Path(adapter).expanduser()
