@@ -117,11 +117,12 @@ def wait_exit(cells: list[Cell], since: float, limit: float) -> None:
 
 @pytest.mark.parametrize(
     ("redis_up", "signals"),
-    [  # make test keeps the hardest corner: Redis down and a second signal
+    [  # make test-long (CI runs it): make test has the parts' own stop tests (tests/test_parts.py),
+        # the cold stop's give-back and its exit timer while Redis hangs among them
         pytest.param(True, 1, id="redis-up-one-signal", marks=pytest.mark.long),
         pytest.param(True, 2, id="redis-up-two-signals", marks=pytest.mark.long),
         pytest.param(False, 1, id="redis-down-one-signal", marks=pytest.mark.long),
-        pytest.param(False, 2, id="redis-down-two-signals"),
+        pytest.param(False, 2, id="redis-down-two-signals", marks=pytest.mark.long),
     ],
 )
 def test_every_state_stops_in_time_and_every_image_is_made_once(env, tmp_path, small_disk, redis_up, signals):

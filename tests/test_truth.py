@@ -199,7 +199,10 @@ def _denoising(conn, worker: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "round_no", [0, pytest.param(1, marks=pytest.mark.long), pytest.param(2, marks=pytest.mark.long)]
+    # make test-long (CI runs it); make test kills a worker mid-job in test_campaign_state and
+    # an export in test_export, and has the writer's and the keeper's parts in tests/test_parts.py
+    "round_no",
+    [pytest.param(n, marks=pytest.mark.long) for n in range(3)],
 )
 def test_sigkill_in_every_phase_of_a_job_loses_nothing_and_no_tool_says_done_early(env, conn, tmp_path, round_no):
     _kill_round(env, conn, tmp_path, round_no)
