@@ -10,7 +10,9 @@
 #                               flux-random, 4 steps, guidance 0, ROUTE_SPEEDUPS (none): loads, not speed)
 #   newhost:<phase>             <phase> again as a new host of the fleet: an empty cache folder, the
 #                               same Redis (every phase runs with DIFFQ_COMPILE_CACHE=redis): its first
-#                               image is the cold start of a GPU model the fleet has seen
+#                               image is the cold start of a GPU model the fleet has seen; put it
+#                               right after the phase whose fleet it joins (any other phase empties
+#                               the Redis first)
 # Lines to $OUT/fewstep.jsonl (with the phase's median encode/denoise/decode/save, the job's host
 # time outside the pipeline and RQ's time between jobs); each phase's worker log beside it.
 #   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/fewstep_device.sh light:fp16:png light:fp16:jpeg
