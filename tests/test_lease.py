@@ -62,6 +62,29 @@ def test_a_lease_is_exclusive_renewable_and_released(conn):
 
 
 @pytest.mark.long
+def test_a_cpu_worker_leases_a_slot_and_is_named_and_logged_cpu_not_gpu(conn, monkeypatch, capfd):
+    """A newcomer's CPU replicas (compose.cpu.yaml) were named ``diffq-gpu0-…`` and logged
+    "leased GPU 0": a CPU worker now leases the same index as a CPU slot and is ``cpu<N>``."""
+    from common.settings import Settings
+    from worker.cli import _lease_gpu
+    from worker.serving.runtime import worker_name
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    url = conn.connection_pool.connection_kwargs
+    redis_url = f"redis://{url['host']}:{url['port']}/0"
+    settings = Settings(redis_url=redis_url, gpu_lease="0,1", lease_scope="h", device="cpu")
+    leased, lease = _lease_gpu(settings)  # logs to stderr, as a worker process does
+    try:
+        said = capfd.readouterr().err
+        assert leased.gpu_label == "cpu0" and worker_name(leased.gpu_label).startswith("diffq-cpu0-")
+        assert "leased CPU slot 0 of host h" in said and "GPU" not in said
+        gpu, second = _lease_gpu(settings.with_(device="auto"))  # a GPU host's worker: as before
+        assert gpu.gpu_label == "1" and worker_name(gpu.gpu_label).startswith("diffq-gpu1-")
+        second.release()
+    finally:
+        lease.release()
+
+
 def test_a_lease_is_held_while_the_worker_starts_however_long_that_takes(env, conn, tmp_path):
     """Between taking its lease and serving, a worker imports torch and loads its model; four
     replicas starting on a loaded two-core host took longer than the lease lives (CI, compose),
@@ -143,7 +166,7 @@ def test_scaled_workers_get_distinct_gpus_and_a_dead_holders_gpu_is_freed(env, c
         names = wait_for(
             lambda: len(Worker.all(connection=conn)) == 2 and Worker.all(connection=conn), 240, "2 workers"
         )
-        assert sorted(n.name.split("-")[1] for n in names) == ["gpu0", "gpu1"]
+        assert sorted(n.name.split("-")[1] for n in names) == ["cpu0", "cpu1"]
         logs = [(tmp_path / f"w{i}.log").read_text() for i in range(3)]
         waiting = [i for i, log in enumerate(logs) if "are leased; waiting" in log]
         assert len(waiting) == 1

@@ -199,15 +199,19 @@ def watch_lifeline(fd: int) -> None:
 
 
 def _lease_gpu(settings: Settings) -> tuple[Settings, Any]:
-    """Lease a GPU and pin this process to it, before anything imports torch."""
+    """Lease a GPU and pin this process to it, before anything imports torch. A CPU worker
+    (``--device cpu``, compose.cpu.yaml) leases a slot by the same index and is named and logged
+    ``cpu<N>``, not ``gpu<N>``."""
     from worker.supervision.lease import GpuLease, candidates, lease_scope
 
     logging.basicConfig(level=settings.log_level, format=_log_format("lease"), force=True)
     conn = connect(settings.redis_url, retries=PATIENCE_FOREVER)
-    lease = GpuLease(conn, lease_scope(settings.lease_scope), candidates(settings.gpu_lease))
+    cpu = settings.device == "cpu"
+    scope = lease_scope(settings.lease_scope)
+    lease = GpuLease(conn, scope, candidates(settings.gpu_lease), kind="CPU slot" if cpu else "GPU")
     index = lease.acquire()
     os.environ["CUDA_VISIBLE_DEVICES"] = index
-    return settings.with_(gpu_label=index), lease
+    return settings.with_(gpu_label=f"cpu{index}" if cpu else index), lease
 
 
 def _run(settings: Settings, opts: dict[str, Any], lease: Any = None) -> None:

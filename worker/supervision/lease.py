@@ -77,6 +77,9 @@ class GpuLease:
     scope: str
     indices: list[str]
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    #: what an index stands for, in what the lease says: a GPU, or on a CPU host (compose.cpu.yaml)
+    #: one replica's slot, so that a CPU worker's log and name do not claim a GPU
+    kind: str = "GPU"
     index: str | None = None
     #: set by the renewing thread when another owner holds the key; the keeper stops the worker
     lost: threading.Event = field(default_factory=threading.Event)
@@ -97,15 +100,15 @@ class GpuLease:
         while True:
             index = self.try_acquire()
             if index is not None:
-                log.info("leased GPU %s of host %s (lease %s, %ds, renewed while alive)", index, self.scope,
+                log.info("leased %s %s of host %s (lease %s, %ds, renewed while alive)", self.kind, index, self.scope,
                          lease_key(self.scope, index), LEASE_TTL_S)  # fmt: skip
                 threading.Thread(target=self._keep, name="diffq-lease", daemon=True).start()
                 return index
             if not wait:
-                raise ConfigError(f"all GPUs {','.join(self.indices)} of host {self.scope} are leased")
+                raise ConfigError(f"all {self.kind}s {','.join(self.indices)} of host {self.scope} are leased")
             if not said:
-                log.warning("all %d GPU(s) of host %s are leased; waiting for one to free up",
-                            len(self.indices), self.scope)  # fmt: skip
+                log.warning("all %d %s(s) of host %s are leased; waiting for one to free up",
+                            len(self.indices), self.kind, self.scope)  # fmt: skip
                 said = True
             time.sleep(RETRY_S)
 
