@@ -114,7 +114,7 @@ def test_two_workers_hold_distinct_leases_and_run_as_the_user_chosen_in_env(stac
         uid = str(OWNER)
         assert next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:] == [uid] * 4
     logs = stack.compose("logs", "--no-color", "worker").stdout
-    assert "gpu=lease INFO worker" not in logs and " gpu=0 " in logs and " gpu=1 " in logs
+    assert "gpu=lease INFO worker" not in logs and " gpu=cpu0 " in logs and " gpu=cpu1 " in logs  # CPU slots
 
 
 def health(container: str) -> str:
