@@ -28,7 +28,7 @@ import torch.distributed._functional_collectives as funcol
 
 def timed_graph(fn: Callable[[], object], runs: int, before: Callable[[], object] = dist.barrier) -> float:
     """Median seconds of one replay of ``fn`` captured as one CUDA graph; ``before`` runs ahead of
-    each replay (the ranks meet; ``bench/ring_calls.py`` on one GPU passes a no-op)."""
+    each replay (the ranks meet; a caller on one GPU passes a no-op)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -194,7 +194,7 @@ def apply(
         step_graphs.install(unet)
     if "encoder-graphs" in speedups:
         # the prompt's encode is the host launching 44 layers' kernels: 37.3 -> 9.2 ms for one
-        # prompt on an H200 (bench/encode_graphs.py), which every rank of a group pays whole
+        # prompt on an H200 (a one-off script, in git history), which every rank of a group pays whole
         step_graphs.install_encoders(pipe)
     log.info("speedups: %s", speedups.describe())
     return time.perf_counter() - started
@@ -236,7 +236,7 @@ def _apply_to_transformer(
     if transformer is not None and "compile-vae" in speedups:
         # eager, ATen's GroupNorm reduces each image's group in one thread block (32 for one
         # image); compiled, FLUX's decoder at 1024² took 35.6 ms against 87.3 ms and half the
-        # peak memory (one H200, bf16, bench/decode_memory.py --compiled)
+        # peak memory (one H200, bf16; the one-off script is in git history)
         compile_whole(pipe.vae.decoder)
         log.info("speedups: compile-vae (the VAE decoder, one graph)")
     if transformer is not None and "cuda-graphs" in speedups:
