@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageFile
 from PIL.PngImagePlugin import PngInfo
 
 from common.errors import InvalidJobSpec
@@ -39,6 +39,13 @@ PNG_HEAD = b"\x89PNG\r\n\x1a\n"
 PNG_TAIL = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 #: the bytes :meth:`ImageFormat.is_whole` needs from each end of a file
 ENDS = 12
+#: Pillow hands an encoder's output back to Python in pieces of ``ImageFile.MAXBLOCK`` (64 KiB),
+#: retaking the GIL for each one: a 1024² PNG of noise-like pixels was 49 pieces, and a writer
+#: thread can wait up to a switch interval (5 ms) for each behind a main thread that is launching
+#: kernels. 16 MiB holds a 2048² RGB image in one piece, so the encoder runs without the GIL from
+#: start to end (Pillow's own comment on MAXBLOCK: "make it a configuration parameter").
+ENCODE_BLOCK = 1 << 24
+ImageFile.MAXBLOCK = max(ImageFile.MAXBLOCK, ENCODE_BLOCK)
 
 
 @dataclass(frozen=True)

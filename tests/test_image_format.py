@@ -139,3 +139,30 @@ def test_a_jpeg_and_webp_campaign_is_made_verified_repaired_and_exported_by_its_
                           [json.loads(t) for t in f.read_text().splitlines()]):  # fmt: skip
         with Image.open(shard / record["file_name"]) as image:
             image.load()
+
+
+@pytest.mark.parametrize("spec", ["png", "jpeg"])
+def test_a_full_size_image_is_encoded_in_one_piece_so_a_writer_thread_takes_the_gil_back_once(spec, monkeypatch):
+    """Pillow hands an encoder's output back to Python in ``ImageFile.MAXBLOCK`` pieces (64 KiB by
+    default), retaking the GIL for each: a 1024² noise PNG was 48 pieces, each of which can wait a
+    switch interval behind a worker's main thread launching kernels. One piece per image."""
+    from PIL import Image as PILImage
+
+    calls: list[int] = []
+    make = PILImage._getencoder
+
+    class Counted:
+        def __init__(self, encoder):
+            self._encoder = encoder
+
+        def encode(self, bufsize):
+            calls.append(bufsize)
+            return self._encoder.encode(bufsize)
+
+        def __getattr__(self, name):
+            return getattr(self._encoder, name)
+
+    monkeypatch.setattr(PILImage, "_getencoder", lambda *a, **kw: Counted(make(*a, **kw)))
+    data = image_format.parse(spec).encode(noise(1024), PARAMS)
+    assert len(data) > 4 * 65536  # big enough that the default would have cut it into pieces
+    assert len(calls) == 1, f"{len(calls)} pieces of {calls[0]:,} bytes"
