@@ -1,7 +1,7 @@
 # Few-step campaigns and FP8 through the queue on one GPU (issue 81), one call:
 #   light:<precision>:<format>[:<decoder>]  SDXL at the sdxl-lightning-4 recipe's settings (4 steps,
 #                               no CFG, euler trailing), jobs of CHUNK (16), 96 images; format png, jpeg,
-#                               webp; decoder taesdxl-random (TAESD-XL's architecture) or none: the VAE
+#                               webp; decoder taesdxl-random (TAESD-XL's architecture) or none: the VAE; LIGHT_SPEEDUPS (auto) its levers
 #   neg:<precision>             SDXL 30 steps, CFG 5, MLPerf's negative prompt on every row; fp16 in jobs
 #                               of 8 (64 images), fp8 in jobs of 16 (96 images)
 #   schnell:<precision>         the FLUX architecture at the flux-schnell recipe's settings (4 steps,
@@ -33,7 +33,7 @@ for phase in "$@"; do
   IFS=: read -r what precision format decoder <<< "$phase"
   case $what in
     light) $Q --tag "${tagged}light-$precision-$format${decoder:+-$decoder}" $LIGHT --precision $precision \
-      --image-format ${format:-png} ${decoder:+--decoder $decoder} --chunk ${CHUNK:-16} --images-per-gpu ${LIGHT_IMAGES:-96} ;;
+      --image-format ${format:-png} ${decoder:+--decoder $decoder} --speedups ${LIGHT_SPEEDUPS:-auto} --chunk ${CHUNK:-16} --images-per-gpu ${LIGHT_IMAGES:-96} ;;
     neg) chunk=$([ $precision = fp8 ] && echo 16 || echo 8); n=$([ $precision = fp8 ] && echo 96 || echo 64)
       $Q --tag "${tagged}neg-$precision" --negative-prompt mlperf --precision $precision --chunk $chunk --images-per-gpu $n ;;
     route) $Q --tag "route-$precision" --models sdxl-random,flux-random --model sdxl-random --steps 4 --guidance 0 \
