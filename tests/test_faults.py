@@ -80,7 +80,7 @@ def test_sigkill_mid_job_is_requeued_within_90s_and_the_other_worker_finishes_it
             kill(proc)
 
 
-@pytest.mark.long  # the stop family's test in make test: test_stop's hardest corner; tests/test_parts.py's Stops
+@pytest.mark.long  # make test stops workers through tests/test_parts.py's Stops; test_stop's matrix is long too
 def test_sigterm_finishes_the_current_job_takes_no_new_one_and_exits_0(env, conn, tmp_path):
     output = enqueue(tmp_path, 6, 2, SLOW)
     worker = start_worker(env, tmp_path / "w.log", "--name", "W")
