@@ -31,35 +31,8 @@ SBATCH = ROOT / "deploy" / "slurm" / "diffq-workers.sbatch"
 #: states of a job that has ended (scontrol keeps ended jobs for MinJobAge, 300 s by default)
 ENDED = {"COMPLETED", "CANCELLED", "TIMEOUT", "FAILED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
-CONF = """\
-ClusterName=diffqtest
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={dir}/munge.socket
-CredType=cred/munge
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-# SIGKILL this long after the SIGTERM of scancel or a time limit (Slurm's default is 30 s)
-KillWait=15
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
-"""
+#: docs/slurm.md's one-machine Slurm, the block a reader pastes; only its site words are the test's
+ONE_MACHINE = "## A Slurm on one machine, to try it"
 
 
 @dataclass
@@ -95,18 +68,20 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     missing = [tool for tool in ("munged", "slurmctld", "slurmd", "sbatch") if not shutil.which(tool)]
     assert not missing, f"{', '.join(missing)} missing: `make test-slurm` installs Debian's slurm-wlm and munge"
     folder = tmp_path_factory.mktemp("slurm")
-    (folder / "state").mkdir()
-    (folder / "spool").mkdir()
-    conf = folder / "slurm.conf"
     host = socket.gethostname().split(".")[0]
-    conf.write_text(
-        CONF.format(host=host, dir=folder, ctld_port=free_port(), slurmd_port=free_port(), cpus=os.cpu_count() or 2)
+    start = at_site(
+        block(ROOT / "docs" / "slurm.md", ONE_MACHINE),
+        {
+            "/var/tmp/slurm": str(folder),
+            "myhost": host,
+            "SlurmctldPort=6817": f"SlurmctldPort={free_port()}",
+            "SlurmdPort=6818": f"SlurmdPort={free_port()}",
+            "CPUs=2": f"CPUs={os.cpu_count() or 2}",
+        },
     )
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-    munge = [f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log"]
-    subprocess.run(["munged", "--force", *munge, f"--seed-file={folder}/munge.seed"], check=True, timeout=60)
-    for daemon in ("slurmctld", "slurmd"):
-        subprocess.run([daemon, "-f", str(conf)], env=env, check=True, timeout=60)
+    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
+    started = run_block(start, ROOT, env, timeout=120)
+    assert started.returncode == 0, f"docs/slurm.md's one-machine block: {started.stderr[-2000:]}"
     cluster = Slurm(folder, env)
     try:
         wait_for(
