@@ -32,17 +32,20 @@ from rq.serializers import JSONSerializer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import record as bench_record  # noqa: E402
 
 from common.queues import by_model_key, get_queue  # noqa: E402
 
 
 def environment() -> dict:
-    """The GPU and versions a record was measured with (read in this process, not the worker's)."""
+    """bench/record.py's fields (commit, machine, versions, command), and torch's and diffusers'
+    versions flat as the older lines have them (read in this process, not the worker's)."""
     import diffusers
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {"gpu_name": gpu, "torch": torch.__version__, "diffusers": diffusers.__version__}
+    return {**bench_record.environment(), "torch": torch.__version__, "diffusers": diffusers.__version__}
 
 
 #: the negative prompt of MLPerf Inference's SDXL benchmark (its reference implementation)
@@ -277,7 +280,6 @@ def run(args: argparse.Namespace, gpus: int, conn: redis.Redis) -> dict:
         "negative_prompt": negative,  # every row's (empty: none)
         "image_format": args.image_format,
         "decoder": args.decoder,  # empty: the model's own VAE
-        "commit": os.environ.get("BENCH_COMMIT", ""),
         "adapters": adapters,
         "compiles_first_job": ordered[0].return_value().get("compiles"),
         "compiles_after_first_job": sum(j.return_value().get("compiles", 0) for j in ordered[1:]),

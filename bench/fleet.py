@@ -34,6 +34,9 @@ from rq.serializers import JSONSerializer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import record as bench_record  # noqa: E402
 
 from common.lanes import group_lane, lanes, made_by_key  # noqa: E402
 from common.queues import recent_key  # noqa: E402
@@ -174,6 +177,7 @@ def main() -> None:
     record = {
         "t": round(time.time(), 1),
         "kind": "fleet",
+        **bench_record.environment(),
         "gpu": "cpu" if args.cpu else torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "model": args.model,

@@ -3,7 +3,7 @@ self-attention shapes at one batch, summed the way one UNet call runs them: meas
 and not taken into the worker (docs/benchmarks.md: 0.91x PyTorch's fp16 over one call's
 self-attention, 5.4 % error), kept so the measurement can be run again.
 
-    python bench/py --out r.jsonl --rows 16      # 16 UNet rows = a batch of 8 with CFG
+    python bench/fp8_attention.py --out r.jsonl --rows 16      # 16 UNet rows = a batch of 8 with CFG
 
 The kernel is flash attention's online softmax with both products in FP8, the way
 FlashAttention-3 and TensorRT's FP8 MHA do it: ``Q @ K^T`` from FP8 query and key with static

@@ -27,6 +27,9 @@ from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import record as bench_record  # noqa: E402
 
 
 def done_at(job: Job) -> float:
@@ -102,6 +105,7 @@ def main() -> None:
     record = {
         "t": round(time.time(), 1),
         "kind": "group-queue",
+        **bench_record.environment(),
         "speedups": os.environ.get("DIFFQ_SPEEDUPS", "auto"),
         "overlap_save": os.environ.get("DIFFQ_OVERLAP_SAVE", "1") not in ("0", "false", "no", "off"),
         "steady_s_per_job": round(span / len(rest), 4) if span else None,
