@@ -144,7 +144,7 @@ def test_a_jpeg_and_webp_campaign_is_made_verified_repaired_and_exported_by_its_
 @pytest.mark.parametrize("spec", ["png", "jpeg"])
 def test_a_full_size_image_is_encoded_in_one_piece_so_a_writer_thread_takes_the_gil_back_once(spec, monkeypatch):
     """Pillow hands an encoder's output back to Python in ``ImageFile.MAXBLOCK`` pieces (64 KiB by
-    default), retaking the GIL for each: a 1024² noise PNG was 48 pieces, each of which can wait a
+    default), retaking the GIL for each: a 1024² noise PNG was 49 pieces, each of which can wait a
     switch interval behind a worker's main thread launching kernels. One piece per image."""
     from PIL import Image as PILImage
 
