@@ -142,7 +142,9 @@ def rounded_pil(image: torch.Tensor) -> list[Image.Image]:
             f"the model made non-finite pixels (NaN) in a batch of {image.shape[0]} image(s); nothing of it was "
             "written. Its weights overflow in this dtype: try --dtype float32 or another checkpoint"
         )
-    pixels = (image * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    # rows of RGB made here, before the copy: a strided host array is copied again by Pillow, on
+    # the worker's main thread (tests/test_decode.py)
+    pixels = (image * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu().numpy()
     if pixels.shape[-1] == 1:
         return [Image.fromarray(p.squeeze(-1), mode="L") for p in pixels]
     return [Image.fromarray(p) for p in pixels]
