@@ -16,6 +16,7 @@ from common.jobspec import GenParams
 from common.presets import AUTO_SPEEDUPS, SPEEDUP_LEVERS
 from worker.pipelines import empty_negative, models
 from worker.pipelines.families import Family
+from worker.pipelines.noise import sdxl_latents
 from worker.pipelines.pixels import BatchResult, decode, sampling, sync, to_pil
 
 log = logging.getLogger("diffq.worker")
@@ -43,6 +44,9 @@ def run(
     )
     sync(device)
     encoded = time.perf_counter()
+    args = sampling(params, seeds, on_step)
+    # the same generators go in too: their states have moved on as diffusers' own draw moves them
+    noise = sdxl_latents(pipe, params.width, params.height, args["generator"], embeds.dtype, device)
     latents = pipe(
         prompt_embeds=embeds,
         negative_prompt_embeds=neg_embeds,
@@ -50,7 +54,8 @@ def run(
         negative_pooled_prompt_embeds=neg_pooled,
         # an empty negative's rows skip cross-attention where the empty-negative lever is on
         cross_attention_kwargs=empty_negative.kwargs(pipe, negatives, cfg, len(prompts)),
-        **sampling(params, seeds, on_step),
+        **args,
+        latents=noise,
         output_type="latent",
     ).images
     sync(device)
