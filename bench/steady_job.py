@@ -9,7 +9,10 @@ chunk on a thread of its own, as the worker's writer does. Phases, each ``--batc
 - ``writer``: each call beside the previous chunk's write;
 - ``threads<N>``, ``nice<N>``, ``procs<N>``: beside the same write by N threads, N threads at the
   lowest CPU priority, or N processes (which hold no GIL of the worker's);
-- ``bare2``: bare again (a GPU that slowed under sustained load stays slow here too).
+- ``bare2``: bare again (a GPU that slowed under sustained load stays slow here too);
+- ``<phase>-cat`` (``--cat-phases``): that phase with each batch's first latents drawn by diffusers'
+  own ``randn_tensor`` (a ``torch.cat`` of one tensor per generator), as before 2026-12-04's
+  ``worker/pipelines/noise.py``: the same numbers, the join it left out.
 
 Then one call of each kind under ``torch.profiler``: kernel time by kind and the GPU's idle time
 inside the call. The same kernels taking longer beside the writer is the GPU (clocks, memory),
@@ -207,6 +210,28 @@ def pixels_parts(out: Path, size: int) -> None:
         emit(out, {"kind": "pixels", "layout": name, "images": size, "ms": round(1e3 * sorted(times[1:])[2], 1)})
 
 
+@contextmanager
+def diffusers_noise() -> Iterator[None]:
+    """Inside: an SDXL batch's first latents are diffusers' draw (``randn_tensor`` over the list
+    of generators, joined by ``torch.cat``), the numbers ``worker/pipelines/noise.py`` draws."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    from worker.pipelines.families import sdxl
+
+    ours = sdxl.sdxl_latents
+
+    def theirs(pipe: Any, width: int, height: int, generators: Any, dtype: Any, device: Any) -> Any:
+        scale, channels = pipe.vae_scale_factor, pipe.unet.config.in_channels
+        shape = (len(generators), channels, height // scale, width // scale)
+        return randn_tensor(shape, generator=list(generators), device=device, dtype=dtype)
+
+    sdxl.sdxl_latents = theirs
+    try:
+        yield
+    finally:
+        sdxl.sdxl_latents = ours
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -221,6 +246,7 @@ def main() -> None:
     ap.add_argument("--guidance", type=float, default=0.0)
     ap.add_argument("--pixels", action="store_true", help="also time the decode's last step, both layouts")
     ap.add_argument("--variants", default="threads3,nice8,procs8", help="writer variants, each a phase")
+    ap.add_argument("--cat-phases", default="", help="phases run again with diffusers' noise draw (writer,bare)")
     args = ap.parse_args()
     import diffusers
 
@@ -251,8 +277,10 @@ def main() -> None:
         handoff = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffq-writer"))
         profiles = ("profile-bare", "profile-writer") if torch.cuda.is_available() else ()
         index = 1
-        for phase in ("bare", "writer", *variants, "bare2", *profiles):
-            index = run_phase(args, warm, loaded, params, phase, index, writes, handoff, setting)
+        cats = [f"{p}-cat" for p in args.cat_phases.split(",") if p]
+        for phase in ("bare", "writer", *variants, *cats, "bare2", *profiles):
+            with diffusers_noise() if phase.endswith("-cat") else ExitStack():
+                index = run_phase(args, warm, loaded, params, phase, index, writes, handoff, setting)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -260,7 +288,7 @@ def run_phase(args: argparse.Namespace, warm: WarmPipelines, loaded: Any, params
               writes: dict[str, Callable[..., None]], handoff: Executor, setting: dict[str, Any]) -> int:  # fmt: skip
     """``--batches`` calls (two for a profile: the second one profiled), each beside the write of
     the one before where the phase writes; returns the next chunk's index."""
-    write = writes.get(phase.removeprefix("profile-"))
+    write = writes.get(phase.removeprefix("profile-").removesuffix("-cat"))
     pending: Future[None] | None = None
     calls = 2 if phase.startswith("profile") else args.batches
     for i in range(calls):
