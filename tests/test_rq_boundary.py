@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import threading
+import time
 import tomllib
 
 import pytest
@@ -27,7 +29,7 @@ from common.queues import RETIRE_FINISHED, LeanJob, get_queue, items_key, retire
 from common.rq_keys import rq_names
 from worker.group.leader import GroupWorker
 from worker.serving.recovery import _UNSTICK
-from worker.serving.rqworker import DiffqWorker
+from worker.serving.rqworker import PUBSUB_POLL_S, PUBSUB_STOP_S, DiffqWorker
 
 #: every RQ method diffq's worker classes override, and why RQ's own does not do
 OVERRIDES = {
@@ -39,6 +41,10 @@ OVERRIDES = {
     "DiffqWorker.execute_job": "RQ's, plus: Redis gone on the way out ends the process with its own status",
     "DiffqWorker.bootstrap": "RQ's, plus the keeper thread (heartbeats during a job, recovery, retries due)",
     "DiffqWorker.teardown": "RQ's, plus the writer's last job completed, every Redis call bounded",
+    "DiffqWorker.subscribe": "RQ's, with the pubsub thread waiting on its socket half a second at a time, "
+    "not 60 s: the way out waits for it",
+    "DiffqWorker.unsubscribe": "RQ unsubscribes and then stops the thread, whose stop joins it without a "
+    "bound since redis-py 8.2: a thread that had read the reply waited out 60 s, and so did the worker",
     "DiffqWorker.clean_registries": "diffq's recovery, which re-queues without using a retry, then RQ's "
     "maintenance without its clean-ups of started and intermediate jobs (they use a retry or fail the job)",
     "DiffqWorker.handle_exception": "one line per failure, not RQ's traceback per job; the failure handler",
@@ -64,6 +70,7 @@ PRIVATE = {
     "_stop_requested": "RQ's work loop ends on it and RQ has no public setter (request_stop re-installs "
     "RQ's own signal handlers)",
     "_install_signal_handlers": "see OVERRIDES",
+    "_pubsub_exception_handler": "RQ's retry of a pubsub connection that failed, kept for the thread subscribe starts",
     "_stopped_job_id": "RQ's stop-job handler sets it before calling kill_horse, and handle_job_failure reads "
     "it to end the job stopped; kill_horse reads which job to stop from it",
 }
@@ -130,6 +137,39 @@ def test_no_attribute_of_diffqs_workers_clashes_with_one_of_an_rq_worker_instanc
             if value is not None and ours.get(name) is not None and type(ours[name]) is not type(value)
         }
         assert not clashes, f"{cls.__name__} redefines rq's instance attributes: {clashes}"
+
+
+def test_a_workers_pubsub_thread_is_stopped_within_seconds_whatever_it_waits_on(redis_url: str):
+    """CI, 2026-12-04: an idle worker exited 61 s after SIGTERM. RQ sends UNSUBSCRIBE, then stops
+    its pubsub thread; a thread that read the reply first waits up to RQ's 60 s for a subscription,
+    and redis-py 8.2's stop joins it. Here the thread is caught in that wait, and in its wait on
+    the socket: each time the worker's way out is done within its bound and the thread has ended."""
+    from common.queues import connect
+
+    conn = connect(redis_url)
+    for caught in ("waiting for a subscription", "waiting on its socket"):
+        worker = DiffqWorker([get_queue("pubsub", conn)], connection=conn, name=f"pubsub-{len(caught)}")
+        worker.subscribe()
+        deadline = time.monotonic() + 30
+        while not worker.pubsub.subscribed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.pubsub.subscribed
+        if caught == "waiting for a subscription":
+            worker.pubsub.unsubscribe()  # as RQ's way out does; the thread reads the reply
+            while worker.pubsub.subscribed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not worker.pubsub.subscribed
+        time.sleep(0.1)  # the thread is back in its wait
+        thread, began = worker.pubsub_thread, time.monotonic()
+        stopping = threading.Thread(target=worker.unsubscribe, daemon=True)
+        stopping.start()
+        stopping.join(30)  # RQ's own way out took 60 s here
+        took = time.monotonic() - began
+        assert not stopping.is_alive(), f"{caught}: the way out still waits after {took:.1f} s"
+        assert took <= PUBSUB_STOP_S + 1.0, (caught, took)
+        thread.join(PUBSUB_POLL_S * 4)
+        assert not thread.is_alive(), caught
+    conn.close()
 
 
 def _assigned_in(cls: type) -> set[str]:

@@ -62,6 +62,10 @@ log = logging.getLogger("diffq.worker")
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
 DEFAULT_HEARTBEAT_TTL_S = 30
+#: the pubsub thread (RQ's commands: stop-job, shutdown) waits on its socket this long at a time
+PUBSUB_POLL_S = 0.5
+#: the way out waits this long for the pubsub thread, then closes its connection under it
+PUBSUB_STOP_S = 2.0
 
 
 class DiffqWorker(SimpleWorker):
@@ -175,6 +179,29 @@ class DiffqWorker(SimpleWorker):
     def _install_signal_handlers(self) -> None:
         """Nothing here: the stops part installed diffq's handlers at boot (RQ calls this right
         after), since RQ's raise in the main thread, which may sit in a CUDA call for seconds."""
+
+    def subscribe(self) -> None:
+        """RQ's, with the pubsub thread looking up from its socket every :data:`PUBSUB_POLL_S`,
+        not 60 s: the way out waits for it (:meth:`unsubscribe`)."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
+
+    def unsubscribe(self) -> None:
+        """The pubsub thread told to stop, waited for at most :data:`PUBSUB_STOP_S`, its
+        connection closed (which ends the subscription). RQ unsubscribes first and then stops
+        the thread; since redis-py 8.2 the stop joins the thread without a bound, and a thread
+        that had read the unsubscribe's reply by then waited out RQ's 60 s for a subscription:
+        idle workers exited 61 s after SIGTERM (tests/test_stop.py, 2026-12-04). The stop is
+        asked from a thread of its own, so no redis-py's join can hold the way out."""
+        thread = self.pubsub_thread
+        if thread is None:
+            return
+        threading.Thread(target=thread.stop, name="diffq-pubsub-stop", daemon=True).start()
+        thread.join(PUBSUB_STOP_S)
+        self.pubsub.close()
 
     # -- RQ's commands (rq.command.send_command: stop-job, stop-execution, shutdown) -----------
 
