@@ -28,8 +28,9 @@ from common.ledger import CLAIM, Ledger
 from common.queues import RETIRE_FINISHED, LeanJob, get_queue, items_key, retire_finished
 from common.rq_keys import rq_names
 from worker.group.leader import GroupWorker
+from worker.serving.commands import POLL_S, STOP_S
 from worker.serving.recovery import _UNSTICK
-from worker.serving.rqworker import PUBSUB_POLL_S, PUBSUB_STOP_S, DiffqWorker
+from worker.serving.rqworker import DiffqWorker
 
 #: every RQ method diffq's worker classes override, and why RQ's own does not do
 OVERRIDES = {
@@ -166,8 +167,8 @@ def test_a_workers_pubsub_thread_is_stopped_within_seconds_whatever_it_waits_on(
         stopping.join(30)  # RQ's own way out took 60 s here
         took = time.monotonic() - began
         assert not stopping.is_alive(), f"{caught}: the way out still waits after {took:.1f} s"
-        assert took <= PUBSUB_STOP_S + 1.0, (caught, took)
-        thread.join(PUBSUB_POLL_S * 4)
+        assert took <= STOP_S + 1.0, (caught, took)
+        thread.join(POLL_S * 4)
         assert not thread.is_alive(), caught
     conn.close()
 

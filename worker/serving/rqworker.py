@@ -41,7 +41,7 @@ from rq.worker.base import SHUTDOWN_SIGNAL
 
 from common.errors import WorkerUnavailable
 from common.queues import WAY_OUT, retire_finished
-from worker.serving import context
+from worker.serving import commands, context
 from worker.serving.affinity import put_held_first
 from worker.serving.context import JobContext
 from worker.serving.failures import FailureLog, classify, record_failure
@@ -62,10 +62,6 @@ log = logging.getLogger("diffq.worker")
 #: a worker's own key expires this long after its last heartbeat (RQ default 420 s)
 WORKER_TTL_S = 60
 DEFAULT_HEARTBEAT_TTL_S = 30
-#: the pubsub thread (RQ's commands: stop-job, shutdown) waits on its socket this long at a time
-PUBSUB_POLL_S = 0.5
-#: the way out waits this long for the pubsub thread, then closes its connection under it
-PUBSUB_STOP_S = 2.0
 
 
 class DiffqWorker(SimpleWorker):
@@ -181,27 +177,12 @@ class DiffqWorker(SimpleWorker):
         after), since RQ's raise in the main thread, which may sit in a CUDA call for seconds."""
 
     def subscribe(self) -> None:
-        """RQ's, with the pubsub thread looking up from its socket every :data:`PUBSUB_POLL_S`,
-        not 60 s: the way out waits for it (:meth:`unsubscribe`)."""
-        self.pubsub = self.connection.pubsub()
-        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(
-            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
-        )
+        """RQ's, on a thread a stop waits for briefly (:mod:`~worker.serving.commands`)."""
+        self.pubsub, self.pubsub_thread = commands.listen(self)
 
     def unsubscribe(self) -> None:
-        """The pubsub thread told to stop, waited for at most :data:`PUBSUB_STOP_S`, its
-        connection closed (which ends the subscription). RQ unsubscribes first and then stops
-        the thread; since redis-py 8.2 the stop joins the thread without a bound, and a thread
-        that had read the unsubscribe's reply by then waited out RQ's 60 s for a subscription:
-        idle workers exited 61 s after SIGTERM (tests/test_stop.py, 2026-12-04). The stop is
-        asked from a thread of its own, so no redis-py's join can hold the way out."""
-        thread = self.pubsub_thread
-        if thread is None:
-            return
-        threading.Thread(target=thread.stop, name="diffq-pubsub-stop", daemon=True).start()
-        thread.join(PUBSUB_STOP_S)
-        self.pubsub.close()
+        if self.pubsub_thread is not None:
+            commands.stop_listening(self.pubsub, self.pubsub_thread)
 
     # -- RQ's commands (rq.command.send_command: stop-job, stop-execution, shutdown) -----------
 
@@ -213,19 +194,9 @@ class DiffqWorker(SimpleWorker):
         return now.job.id if now is not None else None
 
     def kill_horse(self, sig: signal.Signals = SHUTDOWN_SIGNAL) -> None:
-        """RQ's ``stop-job`` and ``stop-execution`` end here (RQ has set ``_stopped_job_id``).
-        There is no work-horse to kill: the running job stops at its next denoising step
-        (:meth:`_pump`), before any of its images is written; RQ then marks it ``stopped``, not
-        failed, and does not retry it. Its items are not done: ``producer enqueue`` of their file
-        queues them again."""
-        job_id = self._stopped_job_id
-        now = self._now
-        if now is not None and now.job.id == job_id:
-            self._stop_job = job_id
-            log.warning("job %s: stop asked for (RQ command); it stops at its next step", job_id)
-        else:
-            log.warning("job %s: stop asked for, but it is not denoising here (its images may be being "
-                        "written); nothing stopped", job_id)  # fmt: skip
+        """RQ's ``stop-job`` and ``stop-execution`` end here: no horse, the job stops at its next
+        step (:func:`worker.serving.commands.stop_job`)."""
+        commands.stop_job(self, self._stopped_job_id)
 
     # -- jobs and their failures ------------------------------------------------------------
 
