@@ -1,7 +1,8 @@
 """``make lint``'s check of the docs against the tree: every relative link resolves (a ``#anchor``
 into a Markdown page too, by GitHub's rule for heading anchors), every test a page names
 (``test_file.py::test_name``) and every function it names in a file (``path/file.py:function``)
-exists, and every ``DIFFQ_*`` variable it names is read by something. Prints one line per
+exists, every ``DIFFQ_*`` variable it names is read by something, and docs/ stays under
+:data:`DOCS_WORDS` words (a guide, not a log: a new finding replaces an old one). Prints one line per
 problem, ``FILE:LINE: what``, and exits 1 if there is any. Run as ``python tests/docs_check.py``
 from the repository root."""
 
@@ -19,6 +20,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 TEST = re.compile(r"\b(test_\w+\.py)::(test_\w+)")
 FUNCTION = re.compile(r"`((?:common|producer|worker)/[\w/]+\.py):(\w+)`")
 VARIABLE = re.compile(r"\bDIFFQ_[A-Z0-9_]+\b")
+#: docs/'s pages together hold fewer words than this (counted as ``wc -w`` counts them)
+DOCS_WORDS = 30_000
 
 
 @cache
@@ -143,8 +146,13 @@ def reference_tables() -> list[str]:
     return out
 
 
+def too_long() -> list[str]:
+    words = sum(len(page.read_text(encoding="utf-8").split()) for page in (ROOT / "docs").glob("*.md"))
+    return [f"docs/: {words:,} words, at most {DOCS_WORDS - 1:,}: shorten a page"] if words >= DOCS_WORDS else []
+
+
 def main() -> int:
-    found = [line for page in PAGES if page.exists() for line in problems(page)] + reference_tables()
+    found = [line for page in PAGES if page.exists() for line in problems(page)] + reference_tables() + too_long()
     print("\n".join(found) or f"docs: {len(PAGES)} pages, links, tests and functions named all resolve")
     return 1 if found else 0
 
