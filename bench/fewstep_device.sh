@@ -43,3 +43,6 @@ for phase in "$@"; do
   esac 2>&1 | tail -c 700
 done
 cp "$DIFFQ_CACHE/memory-profiles.json" "$OUT/memory-profiles.json" 2>/dev/null || true
+# a call brings back at most 8 files: the workers' logs go back as one
+logs=$(cd "$OUT" && ls worker-*.log 2>/dev/null)
+[ -n "$logs" ] && tar czf /tmp/fewstep-logs.tgz -C "$OUT" $logs && (cd "$OUT" && rm -f $logs) && mv /tmp/fewstep-logs.tgz "$OUT/"
