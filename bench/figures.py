@@ -89,8 +89,9 @@ def queued(file: str, field: str = "queue_overhead_frac", template: str = "{:.1f
     return template.format(value * 100 if template.endswith("%") else value)
 
 
-def rates(template: str, file: str, *tags: str) -> Callable[[], str]:
-    return lambda: template.format(*(rate(file, tag) for tag in tags))
+def rated(file: str, tag: str) -> Callable[[], str]:
+    """A row showing one run's steady rate (bench/e2e_queue.py), to three places."""
+    return lambda: f"{rate(file, tag):.3f}"
 
 
 def scaling(file: str, n: int) -> Callable[[], str]:
@@ -99,7 +100,7 @@ def scaling(file: str, n: int) -> Callable[[], str]:
 
 def fp8_calls(prefix: str, file: str, base: str = "fp16", fp8: str = "fp8", word: str = "fp16") -> dict[str, Any]:
     """A call's baseline rate and its fp8 rate, as ``PREFIX.<word>`` and ``PREFIX.fp8``."""
-    return {f"{prefix}.{word}": rates("{:.3f}", file, base), f"{prefix}.fp8": rates("{:.3f}", file, fp8)}
+    return {f"{prefix}.{word}": rated(file, base), f"{prefix}.fp8": rated(file, fp8)}
 
 
 def psnr(file: str) -> Callable[[], str]:
@@ -170,22 +171,22 @@ FIGURES: dict[str, Callable[[], str]] = {
     **fp8_calls("fp8.flux", "h100-flux-fp8-call", "flux-fp16", "flux-fp8", word="bf16"),
     "fp8.flux.gain": lambda: f"{rate('h100-flux-fp8-call', 'flux-fp8') / rate('h100-flux-fp8-call', 'flux-fp16'):.2f}×",
     "fp8.flux.psnr": psnr("h100-flux-fp8-call"),
-    "fp8conv.h100.fp8": rates("{:.3f}", "h100-fp8conv-queue-call2", "fp8"),
+    "fp8conv.h100.fp8": rated("h100-fp8conv-queue-call2", "fp8"),
     **fp8_calls("fp8fast.h100", "h100-fastacc-queue-call2"),
     "fp8fast.h100.psnr": psnr("h100-fastacc-queue-call2"),
-    "fp8fast.h100.chunk16.fp8": rates("{:.3f}", "h100-fastacc16-queue-call", "fp8"),
-    "act8.h100.chunk16.fp8": rates("{:.3f}", "h100-act8-16-queue-call", "fp8"),
-    "gelu.h100.chunk16.fp8": rates("{:.3f}", "h100-gelu-queue-call", "fp8"),
-    "persistq.h100.chunk16.fp8": rates("{:.3f}", "h100-persistq-queue-call", "fp8"),
-    "batch32.h100.fp8": rates("{:.3f}", "h100-batch32-call", "fp8"),
-    "empty.h100.chunk16.fp8": rates("{:.3f}", "h100-empty-queue-call", "fp8"),
+    "fp8fast.h100.chunk16.fp8": rated("h100-fastacc16-queue-call", "fp8"),
+    "act8.h100.chunk16.fp8": rated("h100-act8-16-queue-call", "fp8"),
+    "gelu.h100.chunk16.fp8": rated("h100-gelu-queue-call", "fp8"),
+    "persistq.h100.chunk16.fp8": rated("h100-persistq-queue-call", "fp8"),
+    "batch32.h100.fp8": rated("h100-batch32-call", "fp8"),
+    "empty.h100.chunk16.fp8": rated("h100-empty-queue-call", "fp8"),
     "empty.h100.chunk16.gain": lambda: (
         f"{rate('h100-empty-queue-call', 'fp8') / rate('h100-empty-queue-call', 'fp16'):.2f}×"
     ),
-    "empty.h100.chunk16.fp8.again": rates("{:.3f}", "h100-empty-queue2-call", "fp8"),
-    "empty.h100.fp16.with": rates("{:.3f}", "h100-empty-fp16-call", "fp16en"),
-    "empty.h100.fp16.without": rates("{:.3f}", "h100-empty-fp16-call", "fp16"),
-    "empty.h200.chunk16.fp8": rates("{:.3f}", "h200-empty-call", "fp8"),
+    "empty.h100.chunk16.fp8.again": rated("h100-empty-queue2-call", "fp8"),
+    "empty.h100.fp16.with": rated("h100-empty-fp16-call", "fp16en"),
+    "empty.h100.fp16.without": rated("h100-empty-fp16-call", "fp16"),
+    "empty.h200.chunk16.fp8": rated("h200-empty-call", "fp8"),
     **{f"defaults.{gpu}": lambda gpu=gpu: span("{:.3f}", *(rate(*c) for c in DEFAULTS[gpu])) for gpu in DEFAULTS},
     "queue.share": lambda: (
         span("{:.1f}", *(x * 100 for c in QUEUE_CALLS for x in pick(c, "queue_overhead_frac", True, kind="queue")))
